@@ -1,0 +1,69 @@
+"""Counter-based random bits for stochastic rounding: a hash of (key, element index).
+
+The bits of element i depend only on the key and i's row-major flat index in the array's shape,
+never on how the work is split, so a Pallas kernel with any grid reproduces them exactly
+(docs/quant.md, "Rounding").
+
+Examples:
+  >>> import jax
+  >>> bits = random_bits(jax.random.key(0), (2, 3))
+  >>> bits.dtype, bits.shape
+  (dtype('uint32'), (2, 3))
+  >>> bool((random_bits(jax.random.key(0), (6,)) == bits.reshape(6)).all())
+  True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+U32 = jnp.uint32
+
+
+def fmix32(h):
+  """MurmurHash3's 32-bit finalizer: a bijection with full avalanche."""
+  h = h ^ (h >> 16)
+  h = h * U32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * U32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def key_words(key):
+  """Two uint32 words from a jax.random key (typed or raw uint32 key data)."""
+  if jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+    data = jax.random.key_data(key)
+  else:
+    data = jnp.asarray(key)
+    if data.dtype != jnp.uint32:
+      raise TypeError(f"key must be a jax.random key or uint32 key data, got dtype {data.dtype}.")
+  data = data.reshape(-1)
+  k0 = data[0]
+  k1 = data[-1]
+  for i in range(1, data.shape[0] - 1):  # keys with more than two words (e.g. rbg)
+    k1 = fmix32(k1 ^ data[i])
+  return k0, k1
+
+
+def hash_bits(flat_index, k0, k1):
+  """uint32 random bits of the element at `flat_index` (uint32) for key words (k0, k1)."""
+  h = fmix32((flat_index * U32(0x9E3779B1)) ^ k0)
+  return fmix32(h ^ k1 ^ U32(0x7F4A7C15))
+
+
+def flat_index(shape):
+  """Row-major flat index of every element of `shape`, as uint32 (wraps past 2**32 elements)."""
+  index = jnp.zeros(shape, U32)
+  stride = 1
+  for dim in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(U32, shape, dim) * U32(stride % 2**32)
+    stride *= shape[dim]
+  return index
+
+
+def random_bits(key, shape) -> jax.Array:
+  """uint32 random bits of `shape`, a pure function of the key and each element's flat index."""
+  shape = tuple(int(d) for d in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+  k0, k1 = key_words(key)
+  return hash_bits(flat_index(shape), k0, k1)

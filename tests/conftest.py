@@ -1,0 +1,16 @@
+"""Test setup: 8 virtual CPU devices and a persistent compile cache, before jax is imported."""
+
+import os
+import tempfile
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402  (must come after the environment above)
+
+_CACHE_DIR = os.path.join(tempfile.gettempdir(), "lpjax_jax_cache")
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
