@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,6 +28,25 @@ from lpjax.quant import fp32_bits as fb
 from lpjax.quant import scales as sc
 
 U32 = jnp.uint32
+
+
+def materialize(values, opaque_zero):
+  """Returns uint32 per-group `values` unchanged, computed once per group instead of per element.
+
+  XLA:CPU fuses cheap elementwise producers into the per-element consumer of a broadcast and
+  recomputes them for every element (and an optimization_barrier is gone by fusion time). A float
+  division is "expensive" to XLA's fusion heuristics, so it is never duplicated that way: each
+  value passes through one, exactly (16-bit halves are exact floats; the divisor is 1.0 at run
+  time, derived from `opaque_zero` so that it cannot be constant-folded).
+  """
+  one = jnp.float32(1.0) - opaque_zero.astype(jnp.float32)
+  out = []
+  for v in values:
+    v = v.astype(U32)
+    hi = ((v >> 16).astype(jnp.float32) / one).astype(U32)
+    lo = ((v & 0xFFFF).astype(jnp.float32) / one).astype(U32)
+    out.append((hi << 16) | lo)
+  return tuple(out)
 
 
 @dataclasses.dataclass
@@ -90,12 +110,15 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   element = fmt.element
   abs_bits = x_bits & U32(fb.ABS_MASK)
   amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
+  opaque_zero = amax.reshape(-1)[0] >> 31  # 0 at run time: abs bits are < 2**31
+  (amax,) = materialize((amax,), opaque_zero)
   bad = amax >= U32(fb.INF_BITS)  # NaN or Inf in the group: the whole group is NaN
   negative = (x_bits >> 31) != 0
   result = Encoded(codes=None, scales=None)
 
   if fmt.scale == "e8m0":
-    k = sc.e8m0_exponent(amax, element, scale_mode)
+    (k,) = materialize((sc.e8m0_exponent(amax, element, scale_mode),), opaque_zero)
+    k = k.astype(jnp.int32)
     _, sig, exp = fb.split(x_bits)
     mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,
                            negative=negative, random_bits=random_bits)
@@ -105,7 +128,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = sc.finite_tensor_amax_bits(abs_bits)
     s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
-    s_b, s_enc_b = sc.nvfp4_block_scales(amax, s_enc)
+    s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
     codes = _round_product(x_bits, s_enc_b, element, rounding, random_bits)
     result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
     result.tensor_amax_bits = tensor_amax_bits if fmt.tensor_scale else None
@@ -115,7 +138,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), scale_bits)
     result.zeros = jnp.where(bad, jnp.float32(jnp.nan), lo)
   else:  # fp32 scales: fp8 per tensor, int per channel / group, nf4
-    enc = sc.fp32_encode_scale(amax, element.max_value)
+    (enc,) = materialize((sc.fp32_encode_scale(amax, element.max_value),), opaque_zero)
     if element.kind == "lut":
       codes = _nf4_codes(x_bits, enc)
     else:
@@ -134,6 +157,7 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None):
     bad = scales == sc.E8M0_NAN
   elif fmt.scale == "ue4m3":
     multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
+    (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: scales are bytes
     out = fb.mul(elem_bits, multiplier)
     bad = scales == sc.UE4M3_NAN
   elif element.kind == "uint":

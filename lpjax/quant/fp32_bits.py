@@ -204,6 +204,22 @@ def recip(a_bits):
   return div(jnp.full_like(a_bits, 0x3F800000, dtype=U32), a_bits)
 
 
+def recip_normal(a_bits):
+  """fl32(1 / a) for finite non-zero a whose reciprocal is not subnormal (overflow gives Inf).
+
+  Much cheaper than `recip`: the hardware divides the normalized significand 1 / [1, 2), which is
+  an exact IEEE operation on normal numbers everywhere, and the exponent is patched on the bits.
+  """
+  negative, sig, exp = split(a_bits)
+  sig, exp = _normalize(jnp.maximum(sig, 1), exp)
+  significand = from_bits(U32(127 << 23) | (sig & 0x7FFFFF))  # in [1, 2)
+  r = to_bits(jnp.float32(1.0) / significand)  # in (0.5, 1]
+  biased = ((r >> 23) & 0xFF).astype(I32) - exp - 23
+  out = (jnp.clip(biased, 0, 255).astype(U32) << 23) | (r & 0x7FFFFF)
+  out = jnp.where(biased >= 255, U32(INF_BITS), out)
+  return out | (negative.astype(U32) << 31)
+
+
 def ldexp(bits, k):
   """fl32(a * 2**k) exactly, for finite a and int32 k (gradual underflow, overflow to Inf)."""
   negative, sig, exp = split(bits)

@@ -76,7 +76,9 @@ def nvfp4_block_scales(amax_block_bits, s_enc_bits):
   s_b = fb.round_to_grid(sig, exp, e4m3, "nearest_even")  # ue4m3 byte, saturated at 448
   s_b_bits = decode_bits(s_b, "e4m3")
   t = fb.mul(s_b_bits, fb.recip(s_enc_bits))
-  s_enc_b = jnp.minimum(fb.recip(t), jnp.uint32(FLT_MAX_BITS))  # s_b == 0 gives FLT_MAX
+  # t <= 448 * FLT_MAX / 2688 < 2**126, so 1 / t is never subnormal: recip_normal is exact.
+  s_enc_b = jnp.where(t == 0, jnp.uint32(FLT_MAX_BITS),
+                      jnp.minimum(fb.recip_normal(t), jnp.uint32(FLT_MAX_BITS)))
   return s_b, s_enc_b
 
 
@@ -97,7 +99,27 @@ def fp32_encode_scale(amax_bits, max_value: float):
 
 
 def decode_bits(codes, element_name: str):
-  """float32 bit patterns of element codes, by table lookup."""
-  table = jnp.asarray(tables.decode_bits_table(element_name))
-  return table[codes.astype(jnp.int32)]
+  """float32 bit patterns of element codes.
 
+  Float and integer formats decode arithmetically (a per-element gather does not vectorize on
+  XLA:CPU); nf4 looks its grid up. Saturated quantizers never emit the NaN/Inf codes of e4m3/e5m2,
+  so those are not special-cased here (decode_table has them).
+  """
+  element = formats.ELEMENT_FORMATS[element_name]
+  codes = codes.astype(jnp.uint32)
+  if element.kind == "lut":
+    return jnp.asarray(tables.decode_bits_table(element_name))[codes.astype(jnp.int32)]
+  if element.kind in ("int", "uint"):
+    value = codes.astype(jnp.int32)
+    if element.kind == "int":
+      half = 1 << (element.bits - 1)
+      value = jnp.where(value >= half, value - (1 << element.bits), value)
+    return fb.to_bits(value.astype(jnp.float32))
+  mb = element.mbits
+  sign = (codes >> (element.bits - 1)) << 31
+  efield = (codes >> mb) & ((1 << (element.bits - 1 - mb)) - 1)
+  mant = codes & ((1 << mb) - 1)
+  normal = ((efield + (element.emin - 1 + 127)) << 23) | (mant << (23 - mb))
+  # Subnormal codes: mant * 2**(emin - mb), a product of normal float32 values, so exact anywhere.
+  subnormal = fb.to_bits(mant.astype(jnp.float32) * jnp.float32(2.0 ** (element.emin - mb)))
+  return sign | jnp.where(efield == 0, subnormal, normal)

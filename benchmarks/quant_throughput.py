@@ -1,0 +1,77 @@
+"""Throughput of quantize and fake_quant (GB/s of bytes read + written) against a device copy.
+
+    python benchmarks/quant_throughput.py                 # 64M-element fp32 tensor, CPU
+    python benchmarks/quant_throughput.py --elements 4194304 --repeats 5
+
+The copy baseline is a jitted elementwise negation of the same tensor (one read and one write of
+every byte), measured in the same process and interleaved with the quantizers. The table prints
+each kernel's GB/s and its ratio to the copy. Targets (issue 2, on a 2-core CPU): RTN fake_quant
+>= 60% of copy bandwidth, SR fake_quant >= 30%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lpjax import quant
+
+
+def _time(fn, *args, repeats):
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--elements", type=int, default=64 * 2**20)
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--formats", default="mxfp4,nvfp4")
+  args = parser.parse_args()
+
+  n = args.elements
+  x = jax.random.normal(jax.random.key(0), (n // 4096, 4096), jnp.float32)
+  key = jax.random.key(1)
+  copy = jax.jit(lambda x: -x)
+  cases = []
+  for name in args.formats.split(","):
+    fmt = quant.get_format(name)
+    q_bytes = n * fmt.element.bits / 8 + n / fmt.block_size  # codes + one byte per block scale
+    for rounding in ("nearest_even", "stochastic"):
+      tag = "RTN" if rounding == "nearest_even" else "SR"
+      qfn = jax.jit(lambda x, k, f=name, r=rounding: quant.quantize(x, f, rounding=r, key=k))
+      ffn = jax.jit(lambda x, k, f=name, r=rounding: quant.fake_quant(x, f, rounding=r, key=k))
+      cases.append((f"quantize {name} {tag}", qfn, 4 * n + q_bytes))
+      cases.append((f"fake_quant {name} {tag}", ffn, 8 * n))
+
+  copy_times, times = [], {c[0]: [] for c in cases}
+  for _ in range(args.repeats):  # interleave so drift hits every kernel alike
+    copy_times.append(_time(copy, x, repeats=1))
+    for label, fn, _ in cases:
+      times[label].append(_time(fn, x, key, repeats=1))
+  copy_gbs = 8 * n / statistics.median(copy_times) / 1e9
+
+  print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {n} fp32 elements, "
+        f"median of {args.repeats}")
+  print(f"| kernel | GB/s | vs copy |\n|---|---|---|\n| copy (-x) | {copy_gbs:.2f} | 1.00 |")
+  result = {"elements": n, "copy_gbs": copy_gbs}
+  for label, _, nbytes in cases:
+    gbs = nbytes / statistics.median(times[label]) / 1e9
+    result[label] = gbs
+    print(f"| {label} | {gbs:.2f} | {gbs / copy_gbs:.2f} |")
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
