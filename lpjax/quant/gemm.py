@@ -93,84 +93,137 @@ def _signs(key, recipe: GemmRecipe, gemm: str):
   return (opq.hadamard_signs(key, gemm, block) if block else None), block
 
 
-def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe):
-  """Operand `side` of `gemm` from high precision (or the forward's, for REUSE_FWD)."""
+def _to_last(x, axis: int, work: bool):
+  """Moves the contraction axis last when there is per-block work to do along it.
+
+  The quantizer and the RHT are much faster along a contiguous last axis; the transposed copy
+  is the "column-wise" operand of TransformerEngine. Untouched operands keep their layout.
+  """
+  if work and axis % x.ndim != x.ndim - 1:
+    return jnp.swapaxes(x, axis, -1), -1
+  return x, axis
+
+
+def _fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False):
+  """Operand `side` of the forward GEMM: (values or QArray, contraction axis)."""
+  op = recipe.fwd.operands()[side]
+  signs, block = _signs(key, recipe, "fwd")
+  x, axis = _to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
+  kw = dict(axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs, block=block)
+  if pack and op is not None:
+    return opq.pack(x, op, **kw), axis
+  return opq.fake(x, op, dtype=recipe.compute_dtype, **kw), axis
+
+
+def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False):
+  """Operand `side` of `gemm` from high precision: (values, or a QArray if `pack`; its axis)."""
   op = getattr(recipe, gemm).operands()[side]
-  signs, block = _signs(key, recipe, gemm)
-  if op == REUSE_FWD:  # the forward's fake-quantized X (side LHS) or W (side RHS), unrotated
-    fwd_op = recipe.fwd.operands()[side]
-    fwd_axis = -1 if side == LHS else -2
-    x = opq.fake(x, fwd_op, axis=fwd_axis, key=opq.operand_key(key, "fwd", side),
-                 dtype=recipe.compute_dtype)
+  if op == REUSE_FWD:
+    x, axis = _reuse(x, side, axis, key, recipe, pack=pack)
+    if pack:
+      return x, axis
     op = None
-  return opq.fake(x, op, axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block,
-                  dtype=recipe.compute_dtype)
+  signs, block = _signs(key, recipe, gemm)
+  x, axis = _to_last(x, axis, op is not None or bool(block))
+  kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)
+  if pack and op is not None:
+    return opq.pack(x, op, **kw), axis
+  return opq.fake(x, op, dtype=recipe.compute_dtype, **kw), axis
 
 
-# Which residual each backward operand comes from: (gemm, side, axis in the canonical operand).
-_W_FOR_DGRAD = ("dgrad", RHS, -1)  # W blocked along N
-_X_FOR_WGRAD = ("wgrad", LHS, -2)  # X blocked along M
+def _reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False):
+  """REUSE_FWD: the forward's fake-quantized X (LHS) or W (RHS), and where `axis` went."""
+  y, fwd_axis = _fwd_operand(x, side, key, recipe, pack=pack)
+  moved = fwd_axis != (-1 if side == LHS else -2)  # the forward swapped the last two axes
+  if moved:
+    axis = {-1: -2, -2: -1}[axis]
+  return y, axis
 
 
-def _pack_residual(x, which, key, recipe: GemmRecipe):
-  """residuals="quantized": the backward operand packed in the forward pass, or x if high precision."""
-  gemm, side, axis = which
+def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe):
+  """The backward operand from a residual kept by `_residual` (QArray or high precision)."""
   op = getattr(recipe, gemm).operands()[side]
-  if op is None:
-    return x
   if op == REUSE_FWD:
     fwd_op = recipe.fwd.operands()[side]
-    if fwd_op is None:
-      return x
-    return opq.pack(x, fwd_op, axis=-1 if side == LHS else -2, key=opq.operand_key(key, "fwd", side))
-  signs, block = _signs(key, recipe, gemm)
-  return opq.pack(x, op, axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)
+    if fwd_op is None:  # kept in high precision
+      return _operand(res, gemm, side, axis, key, recipe)
+    x = opq.unpack(res, fwd_op, recipe.compute_dtype or res.dtype)
+    signs, block = _signs(key, recipe, gemm)
+    x, axis = _to_last(x, axis, bool(block))
+    return opq.fake(x, None, axis=axis, key=None, signs=signs, block=block,
+                    dtype=recipe.compute_dtype), axis
+  if op is None:
+    return _operand(res, gemm, side, axis, key, recipe)
+  return opq.unpack(res, op, recipe.compute_dtype or res.dtype), axis
 
 
-def _residual_operand(res, which, key, recipe: GemmRecipe):
-  """The backward operand from what `_pack_residual` kept."""
+# The backward operands that residuals="quantized" packs in the forward pass:
+# (gemm, side, contraction axis in the canonical operand).
+_W_FOR_DGRAD = ("dgrad", RHS, -1)  # W (K, N) blocked along N
+_X_FOR_WGRAD = ("wgrad", LHS, -2)  # X (M, K) blocked along M
+
+
+def _residual(x, which, key, recipe: GemmRecipe):
+  """residuals="quantized": (packed operand or x itself if high precision, its axis)."""
   gemm, side, axis = which
   op = getattr(recipe, gemm).operands()[side]
   if op is None or (op == REUSE_FWD and recipe.fwd.operands()[side] is None):
-    return _operand(res, gemm, side, axis, key, recipe)  # kept in high precision
-  signs, block = _signs(key, recipe, gemm)
-  if op == REUSE_FWD:
-    x = opq.unpack(res, recipe.fwd.operands()[side], recipe.compute_dtype or res.dtype)
-    return opq.fake(x, None, axis=axis, key=None, signs=signs, block=block, dtype=recipe.compute_dtype)
-  return opq.unpack(res, op, recipe.compute_dtype or res.dtype)
+    return x, axis
+  return _operand(x, gemm, side, axis, key, recipe, pack=True)
+
+
+def _mm_out(a_ax, b_ax, cfg: _Static):
+  (a, a_axis), (b, b_axis) = a_ax, b_ax
+  return _mm(a, b, a_axis, b_axis, cfg)
 
 
 def _forward(lhs, rhs, key, cfg: _Static):
   r = cfg.recipe
-  a = _operand(lhs, "fwd", LHS, -1, key, r)
-  b = _operand(rhs, "fwd", RHS, -2, key, r)
-  return _mm(a, b, -1, -2, cfg).astype(cfg.out_dtype)
+  return _mm_out(_fwd_operand(lhs, LHS, key, r), _fwd_operand(rhs, RHS, key, r), cfg).astype(cfg.out_dtype)
 
 
 def _qgemm_fwd(lhs, rhs, key, cfg: _Static):
-  y = _forward(lhs, rhs, key, cfg)
   r = cfg.recipe
   if r.residuals == "quantized":
-    res = (_pack_residual(lhs, _X_FOR_WGRAD, key, r), _pack_residual(rhs, _W_FOR_DGRAD, key, r))
+    x_res, x_axis = _residual(lhs, _X_FOR_WGRAD, key, r)
+    w_res, w_axis = _residual(rhs, _W_FOR_DGRAD, key, r)
+    res = (x_res, w_res)
+    assert (x_axis, w_axis) == _residual_axes(r), "residual layout out of sync"
   else:
     res = (lhs, rhs)
-  return y, (res, key)
+  return _forward(lhs, rhs, key, cfg), (res, key)
+
+
+def _residual_axes(recipe: GemmRecipe):
+  """The contraction axes of the kept residuals (static, so recomputed from the recipe)."""
+  out = []
+  for gemm, side, axis in (_X_FOR_WGRAD, _W_FOR_DGRAD):
+    op = getattr(recipe, gemm).operands()[side]
+    if op == REUSE_FWD:
+      if recipe.fwd.operands()[side] is not None and side == RHS:
+        axis = -3 - axis  # the forward moved W's K axis last: swap -1 and -2
+    elif op is not None:
+      axis = -1  # packed along the last axis (`_to_last`)
+    out.append(axis)
+  return tuple(out)
 
 
 def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   (x_res, w_res), key = residuals
   r = cfg.recipe
-  quantized = r.residuals == "quantized"
   # dgrad: dX = dY W^T, contraction over N.
   dy_n = _operand(dy, "dgrad", LHS, -1, key, r)
-  w_n = (_residual_operand(w_res, _W_FOR_DGRAD, key, r) if quantized
-         else _operand(w_res, "dgrad", RHS, -1, key, r))
-  dx = _mm(dy_n, w_n, -1, -1, cfg)
+  if r.residuals == "quantized":
+    x_axis, w_axis = _residual_axes(r)
+    w_n = _unpacked(w_res, w_axis, "dgrad", RHS, key, r)
+    x_m = _unpacked(x_res, x_axis, "wgrad", LHS, key, r)
+  else:
+    w_n = _operand(w_res, "dgrad", RHS, -1, key, r)
+    x_m = _operand(x_res, "wgrad", LHS, -2, key, r)
+  dx = _mm_out(dy_n, w_n, cfg)
   # wgrad: dW = X^T dY, contraction over M; computed as (dY^T X)^T like jax's own transpose rule.
-  x_m = (_residual_operand(x_res, _X_FOR_WGRAD, key, r) if quantized
-         else _operand(x_res, "wgrad", LHS, -2, key, r))
   dy_m = _operand(dy, "wgrad", RHS, -2, key, r)
-  dw = jnp.swapaxes(_mm(dy_m, x_m, -2, -2, cfg), -1, -2)
+  dw = jnp.swapaxes(_mm_out(dy_m, x_m, cfg), -1, -2)
   return dx.astype(lhs_dtype), dw.astype(rhs_dtype), None  # no cotangent for the key
 
 
