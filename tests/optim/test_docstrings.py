@@ -1,0 +1,16 @@
+"""The Examples blocks of every lpjax.optim docstring run and give what they show."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["lpjax.optim", "lpjax.optim.stable_spam", "lpjax.optim.spam",
+           "lpjax.optim.loss_scale", "lpjax.optim.low_precision_state"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_docstring_examples(module):
+  result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0
+  assert result.failed == 0
