@@ -33,19 +33,15 @@ U32 = jnp.uint32
 def materialize(values, opaque_zero):
   """Returns uint32 per-group `values` unchanged, computed once per group instead of per element.
 
-  XLA:CPU fuses cheap elementwise producers into the per-element consumer of a broadcast and
-  recomputes them for every element (and an optimization_barrier is gone by fusion time). A float
-  division is "expensive" to XLA's fusion heuristics, so it is never duplicated that way: each
-  value passes through one, exactly (16-bit halves are exact floats; the divisor is 1.0 at run
-  time, derived from `opaque_zero` so that it cannot be constant-folded).
+  XLA fuses cheap elementwise producers into the per-element consumer of a broadcast and recomputes
+  them for every element (an optimization_barrier is gone by fusion time on XLA:CPU). Division is
+  "expensive" to XLA's fusion heuristics and is never duplicated that way, so each value is divided
+  by 1: a divisor derived from `opaque_zero` (0 at run time) so that it cannot be constant-folded.
   """
-  one = jnp.float32(1.0) - opaque_zero.astype(jnp.float32)
+  one = U32(1) - opaque_zero.astype(U32)
   out = []
   for v in values:
-    v = v.astype(U32)
-    hi = ((v >> 16).astype(jnp.float32) / one).astype(U32)
-    lo = ((v & 0xFFFF).astype(jnp.float32) / one).astype(U32)
-    out.append((hi << 16) | lo)
+    out.append(v.astype(U32) // one)
   return tuple(out)
 
 
@@ -65,12 +61,18 @@ def _with_sign(mag, negative, element):
   return mag | (negative.astype(U32) << (element.bits - 1))
 
 
-def _round_product(x_bits, scale_bits, element, rounding, random_bits):
-  """Codes of fl32(x * scale) rounded onto the element grid (NVFP4 and fp32-scale formats)."""
-  v = fb.mul(x_bits, scale_bits)
-  negative, sig, exp = fb.split(v)
+def _scaled_codes(x_bits, scale_bits, element, rounding, random_bits, opaque_zero):
+  """Codes of fl32(x * scale) rounded onto the element grid (NVFP4 and fp32-scale formats).
+
+  `scale_bits` is per group (keepdims): it is split once per group, then every element is
+  multiplied exactly and cheaply (`fp32_bits.mul_by_scale`).
+  """
+  significand, exp = fb.scale_parts(scale_bits)
+  significand_bits, exp = materialize((fb.to_bits(significand), exp), opaque_zero)
+  v = fb.mul_by_scale(x_bits, fb.from_bits(significand_bits), exp.astype(jnp.int32))
+  negative, sig, vexp = fb.split(v)
   grid = fb.Grid.for_element(element)
-  mag = fb.round_to_grid(sig, exp, grid, rounding, negative=negative, random_bits=random_bits)
+  mag = fb.round_to_grid(sig, vexp, grid, rounding, negative=negative, random_bits=random_bits)
   return _with_sign(mag, negative, element)
 
 
@@ -93,8 +95,11 @@ def _nf4_codes(x_bits, enc_bits):
 def _encode_uint4(x, reduce_axes, rounding, random_bits):
   """Asymmetric uint4 (min/max). Float arithmetic: subnormal inputs may flush on XLA:CPU."""
   xf = fb.from_bits(x)
-  lo = jnp.min(xf, axis=reduce_axes, keepdims=True)
-  hi = jnp.max(xf, axis=reduce_axes, keepdims=True)
+  # Exact min / max through an order-preserving map of the bits (float compares flush subnormals).
+  order = jnp.where((x >> 31) != 0, ~x, x | U32(0x80000000))
+  unorder = lambda k: jnp.where((k >> 31) != 0, k & U32(0x7FFFFFFF), ~k)
+  lo = fb.from_bits(unorder(jnp.min(order, axis=reduce_axes, keepdims=True)))
+  hi = fb.from_bits(unorder(jnp.max(order, axis=reduce_axes, keepdims=True)))
   span = hi - lo
   enc = jnp.where(span > 0, jnp.float32(15.0) / span, jnp.float32(1.0))
   v = fb.to_bits((xf - lo) * enc)
@@ -129,7 +134,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
       tensor_amax_bits = sc.finite_tensor_amax_bits(abs_bits)
     s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
     s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
-    codes = _round_product(x_bits, s_enc_b, element, rounding, random_bits)
+    codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
     result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
     result.tensor_amax_bits = tensor_amax_bits if fmt.tensor_scale else None
   elif element.kind == "uint":
@@ -142,7 +147,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     if element.kind == "lut":
       codes = _nf4_codes(x_bits, enc)
     else:
-      codes = _round_product(x_bits, enc, element, rounding, random_bits)
+      codes = _scaled_codes(x_bits, enc, element, rounding, random_bits, opaque_zero)
     result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), fb.recip(enc))
   result.codes = jnp.where(bad, U32(0), codes)
   return result
@@ -151,19 +156,27 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
 def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None):
   """Exact float32 bits of the dequantized grouped values (`scales` keepdims, as from encode)."""
   element = fmt.element
-  elem_bits = sc.decode_bits(codes, element.name)
+  if element.kind == "uint":
+    # fl32(code * scale) exactly (bit arithmetic, so XLA cannot contract it into an FMA with the
+    # add), then + lo in float32 (which flushes a subnormal lo on XLA:CPU; see docs/quant.md).
+    product = fb.mul_small(codes.astype(U32), jnp.zeros(codes.shape, jnp.int32),
+                           jnp.zeros(codes.shape, bool), scales)
+    return fb.to_bits(fb.from_bits(product) + zeros)
   if fmt.scale == "e8m0":
-    out = fb.ldexp(elem_bits, scales.astype(jnp.int32) - 127)
+    negative, sig, exp = sc.decode_sig_exp(codes, element.name)
+    out = fb.pack_fp32(negative, sig, exp + scales.astype(jnp.int32) - 127)
     bad = scales == sc.E8M0_NAN
-  elif fmt.scale == "ue4m3":
-    multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
-    (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: scales are bytes
-    out = fb.mul(elem_bits, multiplier)
-    bad = scales == sc.UE4M3_NAN
-  elif element.kind == "uint":
-    value = fb.from_bits(elem_bits) * fb.from_bits(scales) + zeros
-    return fb.to_bits(value)
   else:
-    out = fb.mul(elem_bits, scales)
-    bad = (scales & U32(fb.ABS_MASK)) > U32(fb.INF_BITS)
+    if fmt.scale == "ue4m3":
+      multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
+      bad = scales == sc.UE4M3_NAN
+      (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: bytes
+    else:
+      multiplier = scales
+      bad = (scales & U32(fb.ABS_MASK)) > U32(fb.INF_BITS)
+    if element.kind == "lut":
+      out = fb.mul(sc.decode_bits(codes, element.name), multiplier)
+    else:
+      negative, sig, exp = sc.decode_sig_exp(codes, element.name)
+      out = fb.mul_small(sig, exp, negative, multiplier)
   return jnp.where(bad, U32(sc.F32_NAN_BITS), out)

@@ -156,8 +156,20 @@ def _normalize(sig, exp):
   return sig << s.astype(U32), exp - s
 
 
+def _nonfinite_product(a_bits, b_bits, out):
+  """IEEE special cases of a * b: NaN operands or Inf * 0 give NaN, Inf * non-zero gives Inf."""
+  a_abs, b_abs = a_bits & U32(ABS_MASK), b_bits & U32(ABS_MASK)
+  sign = (a_bits ^ b_bits) & U32(SIGN_MASK)
+  nan = (a_abs > INF_BITS) | (b_abs > INF_BITS) | ((a_abs == INF_BITS) & (b_abs == 0)) | (
+      (b_abs == INF_BITS) & (a_abs == 0))
+  inf = (a_abs == INF_BITS) | (b_abs == INF_BITS)
+  out = jnp.where(inf, sign | U32(INF_BITS), out)
+  return jnp.where(nan, U32(0x7FC00000), out)
+
+
 def mul(a_bits, b_bits):
-  """The IEEE float32 product fl32(a * b) of finite a, b, exactly (subnormals included)."""
+  """The IEEE float32 product fl32(a * b), exactly (subnormals, Inf and NaN included)."""
+  a_bits, b_bits = a_bits.astype(U32), b_bits.astype(U32)
   na, sa, ea = split(a_bits)
   nb, sb, eb = split(b_bits)
   negative = na ^ nb
@@ -175,7 +187,66 @@ def mul(a_bits, b_bits):
   sig = (hi << 7) | (lo >> 17)
   sticky = (lo & 0x1FFFF) != 0
   out = pack_fp32(negative, sig, ea + eb + 17, sticky)
-  return jnp.where(zero, negative.astype(U32) << 31, out)
+  out = jnp.where(zero, negative.astype(U32) << 31, out)
+  return _nonfinite_product(a_bits, b_bits, out)
+
+
+def scale_parts(s_bits):
+  """Splits a positive finite non-zero float32 s into (s' in [1, 2) as float32, e) with s = s' 2**e.
+
+  Computed once per block; `mul_by_scale` then multiplies elements by s cheaply and exactly.
+  """
+  _, sig, exp = split(s_bits)
+  sig, exp = _normalize(jnp.maximum(sig, 1), exp)
+  significand = from_bits(U32(127 << 23) | (sig & 0x7FFFFF))
+  return significand, exp + 23
+
+
+def mul_by_scale(x_bits, significand, exp):
+  """fl32(x * s) of finite x and s = significand * 2**exp (from `scale_parts`), as bits.
+
+  x is first multiplied by 2**exp exactly (integer exponent arithmetic), then by the significand in
+  float32, an exact IEEE multiply of normal numbers. When x * 2**exp is below the normal range the
+  product is below 2**-125: the result is then 0 if fl32(x * s) is 0 and otherwise the smallest
+  subnormal, with x's sign. That stand-in is not fl32(x * s), but it rounds exactly like it onto
+  every element grid (their steps are >= 2**-16): to zero, or away from zero in a directed mode.
+  """
+  negative, sig, xexp = split(x_bits)
+  zero = sig == 0
+  sig, xexp = _normalize(jnp.maximum(sig, 1), xexp)
+  biased = xexp + exp + 150
+  sign = negative.astype(U32) << 31
+  shifted = (jnp.clip(biased, 1, 254).astype(U32) << 23) | (sig & 0x7FFFFF)
+  product = to_bits(from_bits(shifted) * significand) & U32(ABS_MASK)
+  product = jnp.where(biased >= 255, U32(INF_BITS), product)
+  product = jnp.where(biased <= 0, _tiny_product_is_nonzero(sig, xexp + exp, significand)
+                      .astype(U32), product)
+  return jnp.where(zero, sign, sign | product)
+
+
+def _tiny_product_is_nonzero(sig, exp, significand):
+  """fl32(sig * 2**exp * significand) != 0, i.e. the exact product exceeds 2**-150 (ties to 0)."""
+  sig_s = (to_bits(significand) & 0x7FFFFF) | 0x800000  # significand = sig_s * 2**-23
+  ah, al = sig >> 12, sig & 0xFFF
+  bh, bl = sig_s >> 12, sig_s & 0xFFF
+  mid = ah * bl + al * bh
+  lo = al * bl + ((mid & 0xFFF) << 12)
+  hi = ah * bh + (mid >> 12) + (lo >> 24)
+  lo = lo & 0xFFFFFF
+  # product = (hi * 2**24 + lo) * 2**(exp - 23), with hi * 2**24 + lo in [2**46, 2**48).
+  j = -150 - (exp - 23)  # nonzero iff hi * 2**24 + lo > 2**j
+  edge = U32(1) << jnp.clip(j - 24, 0, 31).astype(U32)
+  at_edge = (hi > edge) | ((hi == edge) & (lo > 0))
+  return (j < 46) | ((j <= 47) & at_edge)
+
+
+def mul_small(sig_a, exp_a, negative_a, b_bits):
+  """fl32(a * b) exactly, for finite a = sig_a * 2**exp_a with sig_a < 2**7 (an element value)."""
+  b_bits = b_bits.astype(U32)
+  nb, sb, eb = split(b_bits)
+  out = pack_fp32(negative_a ^ nb, sig_a.astype(U32) * sb, exp_a + eb)
+  a_bits = jnp.where(sig_a == 0, U32(0), U32(0x3F800000)) | (negative_a.astype(U32) << 31)
+  return _nonfinite_product(a_bits, b_bits, out)
 
 
 def div(a_bits, b_bits, steps: int = 26):
@@ -188,11 +259,15 @@ def div(a_bits, b_bits, steps: int = 26):
   sb, eb = _normalize(jnp.maximum(sb, 1), eb)
   q = (sa >= sb).astype(U32)
   rem = sa - q * sb
-  for _ in range(steps):  # q = floor(sa * 2**steps / sb), rem = the remainder
+
+  def step(_, carry):  # one bit of q = floor(sa * 2**steps / sb); rem is the remainder
+    q, rem = carry
     rem = rem << 1
     bit = rem >= sb
-    rem = jnp.where(bit, rem - sb, rem)
-    q = (q << 1) | bit.astype(U32)
+    return (q << 1) | bit.astype(U32), jnp.where(bit, rem - sb, rem)
+
+  # A loop, not unrolled: keeps the HLO small (this runs per block or per tensor, not per element).
+  q, rem = jax.lax.fori_loop(0, steps, step, (q, rem))
   out = pack_fp32(negative, q, ea - eb - steps, rem != 0)
   sign = negative.astype(U32) << 31
   out = jnp.where(b_zero, sign | INF_BITS, out)

@@ -66,7 +66,7 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
     raise ValueError(f"signs must have shape ({block},), got {signs.shape}.")
   xm = jnp.moveaxis(x, axis, -1).astype(compute)
   xb = xm.reshape(xm.shape[:-1] + (-1, block))
-  hm = jnp.asarray(h, compute) / np.sqrt(block).astype(np.float32)
+  hm = jnp.asarray(h, compute) / jnp.sqrt(jnp.asarray(block, compute))
   if inverse:  # (H D)^T = D H: transform first, then the signs
     yb = jnp.matmul(xb, hm, precision=jax.lax.Precision.HIGHEST) * signs
   else:  # y = H (D x) for each block as a column vector; H is symmetric

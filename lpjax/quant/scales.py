@@ -70,12 +70,12 @@ def nvfp4_encode_scale(amax_t_bits, use_tensor_scale: bool):
 def nvfp4_block_scales(amax_block_bits, s_enc_bits):
   """Returns (s_b ue4m3 bytes as uint32, S_enc_b bits): the per-block part of §5."""
   e4m3 = fb.Grid.for_element(formats.ELEMENT_FORMATS["e4m3"])
-  c = fb.mul(s_enc_bits, jnp.uint32(f32_const_bits(1.0 / 6.0)))
-  p = fb.mul(amax_block_bits, c)
+  c = fb.mul(s_enc_bits, jnp.uint32(f32_const_bits(1.0 / 6.0)))  # per tensor
+  p = fb.mul_by_scale(amax_block_bits, *fb.scale_parts(c))  # exact wherever it can matter
   _, sig, exp = fb.split(p)
   s_b = fb.round_to_grid(sig, exp, e4m3, "nearest_even")  # ue4m3 byte, saturated at 448
-  s_b_bits = decode_bits(s_b, "e4m3")
-  t = fb.mul(s_b_bits, fb.recip(s_enc_bits))
+  negative, s_b_sig, s_b_exp = decode_sig_exp(s_b, "e4m3")
+  t = fb.mul_small(s_b_sig, s_b_exp, negative, fb.recip(s_enc_bits))
   # t <= 448 * FLT_MAX / 2688 < 2**126, so 1 / t is never subnormal: recip_normal is exact.
   s_enc_b = jnp.where(t == 0, jnp.uint32(FLT_MAX_BITS),
                       jnp.minimum(fb.recip_normal(t), jnp.uint32(FLT_MAX_BITS)))
@@ -84,10 +84,12 @@ def nvfp4_block_scales(amax_block_bits, s_enc_bits):
 
 def nvfp4_decode_scale(s_b, amax_t_bits, use_tensor_scale: bool):
   """Per-block decode multiplier bits: (fl32(s_b) * amax_t) * fl32(1/2688), or s_b (§5)."""
-  s_b_bits = decode_bits(s_b, "e4m3")
+  negative, sig, exp = decode_sig_exp(s_b, "e4m3")
+  s_b_bits = fb.pack_fp32(negative, sig, exp)
   if not use_tensor_scale:
     return s_b_bits
-  g = fb.mul(fb.mul(s_b_bits, amax_t_bits), jnp.uint32(f32_const_bits(1.0 / 2688.0)))
+  g = fb.mul(fb.mul_small(sig, exp, negative, amax_t_bits),
+             jnp.uint32(f32_const_bits(1.0 / 2688.0)))
   return jnp.where(amax_t_bits == 0, s_b_bits, g)
 
 
@@ -123,3 +125,23 @@ def decode_bits(codes, element_name: str):
   # Subnormal codes: mant * 2**(emin - mb), a product of normal float32 values, so exact anywhere.
   subnormal = fb.to_bits(mant.astype(jnp.float32) * jnp.float32(2.0 ** (element.emin - mb)))
   return sign | jnp.where(efield == 0, subnormal, normal)
+
+
+def decode_sig_exp(codes, element_name: str):
+  """(negative, sig, exp) of element codes with |value| = sig * 2**exp, sig < 2**7 (not nf4)."""
+  element = formats.ELEMENT_FORMATS[element_name]
+  codes = codes.astype(jnp.uint32)
+  if element.kind in ("int", "uint"):
+    value = codes.astype(jnp.int32)
+    if element.kind == "int":
+      value = jnp.where(value >= (1 << (element.bits - 1)), value - (1 << element.bits), value)
+    return value < 0, jnp.abs(value).astype(jnp.uint32), jnp.zeros_like(value)
+  if element.kind != "float":
+    raise ValueError(f"{element_name} values have no short significand; use decode_bits.")
+  mb = element.mbits
+  negative = (codes >> (element.bits - 1)) != 0
+  efield = ((codes >> mb) & ((1 << (element.bits - 1 - mb)) - 1)).astype(jnp.int32)
+  mant = codes & ((1 << mb) - 1)
+  sig = jnp.where(efield == 0, mant, mant | (1 << mb))
+  exp = jnp.maximum(efield, 1) + (element.emin - 1 - mb)
+  return negative, sig, exp

@@ -1,0 +1,634 @@
+"""Independent numpy re-derivation of `lpjax.quant` (NUMERICS.md sections 1-6, docs/quant.md).
+
+This is the test oracle. It is written from the contract alone and must not import lpjax.
+
+Arithmetic strategy:
+- MX (e8m0) formats: everything is exact. x / 2^k and the element grid live comfortably inside
+  float64, so rounding is done on exact float64 values (m = |v| / ulp is exact, frac(m) too).
+- NVFP4, fp32-scale and uint4 formats: the contract defines these as IEEE fp32 formulas. numpy
+  float32 arithmetic on the host CPU is IEEE with gradual underflow (no flush to zero), so the
+  formulas are written literally with np.float32 operands. Only the final rounding of the fp32
+  value v onto the element grid is done in (exact) float64.
+- Stochastic rounding takes the uint32 random bits (one per element of x, x's shape) as input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+F32 = np.float32
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+TWO32 = 1 << 32
+
+ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero", "toward_positive",
+             "toward_negative", "stochastic")
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
+
+# bitsandbytes NF4 grid (csrc/kernels.cu), rounded to float32.
+NF4_GRID = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Element formats
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FloatElem:
+  name: str
+  ebits: int
+  mbits: int
+  bias: int
+  max: float
+  kind: str = "float"
+
+  @property
+  def bits(self):
+    return 1 + self.ebits + self.mbits
+
+  @property
+  def emin(self):  # exponent of the minimum normal binade
+    return 1 - self.bias
+
+  @property
+  def emax(self):  # exponent of the largest normal binade (the OCP "emax_elem")
+    return int(np.floor(np.log2(self.max)))
+
+
+@dataclasses.dataclass(frozen=True)
+class IntElem:
+  name: str
+  bits: int
+  max: int       # symmetric saturation bound (int) or top code (uint)
+  kind: str      # "int", "uint" or "nf4"
+
+
+ELEMENTS = {
+    "e2m1": FloatElem("e2m1", 2, 1, 1, 6.0),
+    "e2m3": FloatElem("e2m3", 2, 3, 1, 7.5),
+    "e3m2": FloatElem("e3m2", 3, 2, 3, 28.0),
+    "e4m3": FloatElem("e4m3", 4, 3, 7, 448.0),
+    "e5m2": FloatElem("e5m2", 5, 2, 15, 57344.0),
+    "int8": IntElem("int8", 8, 127, "int"),
+    "int4": IntElem("int4", 4, 7, "int"),
+    "uint4": IntElem("uint4", 4, 15, "uint"),
+    "nf4": IntElem("nf4", 4, 1, "nf4"),
+}
+
+# max_elem used by fp32 scales (docs/quant.md "fp32 scales").
+FP32_SCALE_MAX = {"e4m3": 448.0, "e5m2": 57344.0, "int8": 127.0, "int4": 7.0, "nf4": 1.0}
+
+
+def float_value(elem: FloatElem, code):
+  """Exact float64 value of float-element codes (NaN / Inf per ml_dtypes' fn / IEEE flavours)."""
+  code = np.asarray(code, dtype=np.int64)
+  sign = (code >> (elem.ebits + elem.mbits)) & 1
+  expf = (code >> elem.mbits) & ((1 << elem.ebits) - 1)
+  mant = code & ((1 << elem.mbits) - 1)
+  sub = np.ldexp(mant.astype(np.float64), elem.emin - elem.mbits)
+  nrm = np.ldexp((mant + (1 << elem.mbits)).astype(np.float64), expf - elem.bias - elem.mbits)
+  mag = np.where(expf == 0, sub, nrm)
+  top = (1 << elem.ebits) - 1
+  if elem.name == "e4m3":  # fn: only S.1111.111 is NaN, no Inf
+    mag = np.where((expf == top) & (mant == (1 << elem.mbits) - 1), np.nan, mag)
+  elif elem.name == "e5m2":  # IEEE-like
+    mag = np.where(expf == top, np.where(mant == 0, np.inf, np.nan), mag)
+  return np.where(sign == 1, -mag, mag)
+
+
+def decode_table(name: str) -> np.ndarray:
+  """Value of every code of an element format, float32, length 2^bits."""
+  e = ELEMENTS[name]
+  codes = np.arange(1 << e.bits)
+  if e.kind == "float":
+    return float_value(e, codes).astype(np.float32)
+  if e.kind == "int":
+    return np.where(codes >= (1 << (e.bits - 1)), codes - (1 << e.bits), codes).astype(np.float32)
+  if e.kind == "uint":
+    return codes.astype(np.float32)
+  return NF4_GRID.copy()
+
+
+def e8m0_value(byte):
+  """float64 value of e8m0 scale bytes (0xFF = NaN)."""
+  b = np.asarray(byte, dtype=np.int64)
+  return np.where(b == 255, np.nan, np.ldexp(1.0, b - 127))
+
+
+# --------------------------------------------------------------------------------------------
+# Rounding
+# --------------------------------------------------------------------------------------------
+
+def round_units(m, rounding, negative, rbits=None):
+  """Round m >= 0 (float64, exact, in units of the last place) to an integer (float64).
+
+  negative: sign of the value being rounded (for the directed modes).
+  rbits: uint32 random bits (stochastic only).
+  """
+  m = np.asarray(m, dtype=np.float64)
+  fl = np.floor(m)
+  frac = m - fl                      # exact
+  if rounding == "nearest_even":
+    up = (frac > 0.5) | ((frac == 0.5) & (np.fmod(fl, 2.0) == 1.0))
+  elif rounding == "nearest_away":
+    up = frac >= 0.5
+  elif rounding == "toward_zero":
+    up = np.zeros(m.shape, dtype=bool)
+  elif rounding == "toward_positive":
+    up = (frac > 0) & ~negative
+  elif rounding == "toward_negative":
+    up = (frac > 0) & negative
+  elif rounding == "stochastic":
+    if rbits is None:
+      raise ValueError("stochastic rounding needs rbits")
+    big_f = np.floor(frac * 2.0 ** 32).astype(np.int64)   # first 32 bits of the fraction, exact
+    r = np.asarray(rbits, dtype=np.uint32).astype(np.int64)
+    up = (big_f > 0) & (r >= TWO32 - big_f)
+  else:
+    raise ValueError(f"unknown rounding {rounding!r}")
+  return fl + up
+
+
+def round_float_elem(elem: FloatElem, v, rounding, rbits=None, negative=None):
+  """Round float64 values v (exact; may be +-inf) to elem with saturation.
+
+  Returns (magnitude float64 in [0, max], sign bool). The sign is v's sign bit unless `negative`
+  is given.
+  """
+  v = np.asarray(v, dtype=np.float64)
+  neg = np.signbit(v) if negative is None else np.asarray(negative, dtype=bool)
+  a = np.abs(v)
+  a = np.where(np.isnan(a), 0.0, a)
+  a = np.minimum(a, 4.0 * elem.max)   # anything >= 2*max saturates anyway; keeps m finite
+  _, ex = np.frexp(a)                 # a = f * 2^ex, f in [0.5, 1)
+  binade = np.maximum(np.where(a > 0, ex - 1, elem.emin), elem.emin)
+  ulp_exp = binade - elem.mbits
+  m = np.ldexp(a, -ulp_exp)
+  n = round_units(m, rounding, neg, rbits)
+  q = np.minimum(np.ldexp(n, ulp_exp), elem.max)
+  return q, neg
+
+
+def encode_float_elem(elem: FloatElem, mag, neg):
+  """Code bits of representable magnitudes mag (float64) with sign neg."""
+  mag = np.asarray(mag, dtype=np.float64)
+  _, ex = np.frexp(mag)
+  e = ex - 1
+  normal = mag >= 2.0 ** elem.emin
+  sub_mant = np.ldexp(mag, elem.mbits - elem.emin)
+  nrm_mant = np.ldexp(mag, elem.mbits - np.where(normal, e, 0)) - (1 << elem.mbits)
+  expf = np.where(normal, e + elem.bias, 0)
+  mant = np.where(normal, nrm_mant, sub_mant)
+  assert np.all(mant == np.round(mant)), "magnitude not representable"
+  code = ((neg.astype(np.int64) << (elem.ebits + elem.mbits))
+          | (expf.astype(np.int64) << elem.mbits) | mant.astype(np.int64))
+  return code.astype(np.uint8)
+
+
+def round_int(elem: IntElem, v, rounding, rbits=None):
+  """Round float64 v to int/uint codes with saturation. Returns (integer value, code uint8)."""
+  v = np.asarray(v, dtype=np.float64)
+  neg = np.signbit(v)
+  a = np.minimum(np.abs(v), 4.0 * elem.max)
+  a = np.where(np.isnan(a), 0.0, a)
+  n = round_units(a, rounding, neg, rbits)
+  if elem.kind == "uint":
+    val = np.clip(np.where(neg, -n, n), 0, elem.max)
+    return val, val.astype(np.int64).astype(np.uint8)
+  n = np.minimum(n, elem.max)
+  val = np.where(neg, -n, n) + 0.0        # -0 -> code 0
+  code = np.mod(val.astype(np.int64), 1 << elem.bits).astype(np.uint8)
+  return val, code
+
+
+def round_nf4(v):
+  """Nearest NF4 grid index (ties to the even index; ties never occur in the tests)."""
+  v = np.asarray(v, dtype=np.float64)
+  g = NF4_GRID.astype(np.float64)
+  d = np.abs(v[..., None] - g)
+  best = d.min(axis=-1, keepdims=True)
+  cand = d == best
+  idx = np.argmax(cand, axis=-1)
+  two = cand.sum(axis=-1) > 1
+  idx = np.where(two & (idx % 2 == 1), idx + 1, idx)
+  return idx.astype(np.uint8)
+
+
+def e4m3_rne_sat(t):
+  """ue4m3 (NVFP4 block scale) of non-negative float32 t: RNE, saturating at 448.
+
+  Returns (value float32, byte uint8)."""
+  e = ELEMENTS["e4m3"]
+  t = np.asarray(t, dtype=np.float64)
+  mag, neg = round_float_elem(e, t, "nearest_even")
+  code = encode_float_elem(e, mag, np.zeros(mag.shape, dtype=bool))
+  return mag.astype(np.float32), code
+
+
+# --------------------------------------------------------------------------------------------
+# Formats
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Fmt:
+  element: str
+  scale: str          # "e8m0", "ue4m3", "fp32"
+  block_size: int = 0
+  granularity: str = "block"   # "block", "channel", "tensor"
+  tile: bool = False
+  tensor_scale: bool = False
+
+
+PRESETS = {
+    "mxfp4": Fmt("e2m1", "e8m0", 32),
+    "mxfp6_e2m3": Fmt("e2m3", "e8m0", 32),
+    "mxfp6_e3m2": Fmt("e3m2", "e8m0", 32),
+    "mxfp8_e4m3": Fmt("e4m3", "e8m0", 32),
+    "mxfp8_e5m2": Fmt("e5m2", "e8m0", 32),
+    "nvfp4": Fmt("e2m1", "ue4m3", 16, tensor_scale=True),
+    "nvfp4_16x16": Fmt("e2m1", "ue4m3", 16, tile=True, tensor_scale=True),
+    "fp8_e4m3": Fmt("e4m3", "fp32", 0, "tensor"),
+    "fp8_e5m2": Fmt("e5m2", "fp32", 0, "tensor"),
+    "int8_channel": Fmt("int8", "fp32", 0, "channel"),
+    "int4_channel": Fmt("int4", "fp32", 0, "channel"),
+    "int8_g128": Fmt("int8", "fp32", 128),
+    "int4_g128": Fmt("int4", "fp32", 128),
+    "uint4_g128": Fmt("uint4", "fp32", 128),
+    "nf4": Fmt("nf4", "fp32", 64),
+}
+
+
+def get_fmt(fmt) -> Fmt:
+  return PRESETS[fmt] if isinstance(fmt, str) else fmt
+
+
+def elem_bits(fmt) -> int:
+  return ELEMENTS[get_fmt(fmt).element].bits
+
+
+# --------------------------------------------------------------------------------------------
+# Blocking helpers (work on the blocked axis moved last)
+# --------------------------------------------------------------------------------------------
+
+def _pad_last(a, mult, value=0):
+  n = a.shape[-1]
+  p = (-n) % mult
+  if p:
+    a = np.concatenate([a, np.full(a.shape[:-1] + (p,), value, dtype=a.dtype)], axis=-1)
+  return a
+
+
+def _abs_bits(x32):
+  return x32.view(np.uint32) & np.uint32(0x7FFFFFFF)
+
+
+def _group_stats(xb):
+  """xb: (..., nb, B) float32. Returns amax (float32, exact incl. subnormals), nonfinite flag."""
+  ab = _abs_bits(xb)
+  nonfinite = np.any(ab >= np.uint32(0x7F800000), axis=-1)
+  amax_bits = np.where(ab >= np.uint32(0x7F800000), np.uint32(0), ab).max(axis=-1)
+  return amax_bits.view(np.float32), amax_bits, nonfinite
+
+
+def pack_fp4(codes, axis=-1):
+  """Two 4-bit codes per byte along axis: element 2i low nibble, 2i+1 high nibble."""
+  c = np.moveaxis(np.asarray(codes, dtype=np.uint8), axis, -1)
+  c = _pad_last(c, 2)
+  packed = (c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)
+  return np.moveaxis(packed.astype(np.uint8), -1, axis)
+
+
+def unpack_fp4(packed, n, axis=-1):
+  p = np.moveaxis(np.asarray(packed, dtype=np.uint8), axis, -1)
+  out = np.stack([p & 0xF, p >> 4], axis=-1).reshape(p.shape[:-1] + (2 * p.shape[-1],))[..., :n]
+  return np.moveaxis(out.astype(np.uint8), -1, axis)
+
+
+# --------------------------------------------------------------------------------------------
+# e8m0 scale
+# --------------------------------------------------------------------------------------------
+
+def _ceil_log2(a64):
+  """ceil(log2 a) for a > 0 (float64 exact); -inf-ish (-100000) for a == 0."""
+  f, ex = np.frexp(a64)
+  r = np.where(f == 0.5, ex - 1, ex)
+  return np.where(a64 > 0, r, -100000)
+
+
+def e8m0_exponent(amax32, elem: FloatElem, scale_mode):
+  """Unclamped... then clamped block exponent k (int64) for float32 block amax values."""
+  amax32 = np.asarray(amax32, dtype=np.float32)
+  bits = amax32.view(np.uint32).astype(np.int64)
+  if scale_mode == "floor":
+    k = (bits >> 23) - 127 - elem.emax
+  elif scale_mode == "ceil":
+    k = _ceil_log2(amax32.astype(np.float64)) - elem.emax
+  elif scale_mode == "even":
+    rb = (bits + (1 << (22 - elem.mbits))) & 0x7F800000
+    k = (rb >> 23) - 127 - elem.emax
+  elif scale_mode == "rceil":
+    with np.errstate(all="ignore"):
+      p = amax32 * (F32(1) / F32(elem.max))          # IEEE fp32 product, gradual underflow
+    k = _ceil_log2(p.astype(np.float64))
+  else:
+    raise ValueError(f"unknown scale_mode {scale_mode!r}")
+  return np.clip(k, -127, 127)
+
+
+# --------------------------------------------------------------------------------------------
+# quantize
+# --------------------------------------------------------------------------------------------
+
+def quantize(x, fmt, axis=-1, rounding="nearest_even", scale_mode=None, rbits=None,
+             tensor_amax=None):
+  """Oracle quantize. x: float array (bf16/fp16/fp32/fp64; rounded/upcast to float32).
+
+  Returns a dict: codes (packed like QArray.codes), codes_unpacked (one code per element, x's
+  shape), scales, tensor_scale, zeros, values (dequantized float32, x's shape).
+  """
+  f = get_fmt(fmt)
+  x32 = np.asarray(x).astype(np.float32)
+  if rounding == "stochastic":
+    rbits = np.asarray(rbits, dtype=np.uint32)
+    assert rbits.shape == x32.shape
+  else:
+    rbits = np.zeros(x32.shape, dtype=np.uint32)
+  ndim = x32.ndim
+  elem = ELEMENTS[f.element]
+
+  if f.tile:
+    return _quantize_tile(x32, f, rounding, rbits, tensor_amax)
+  if f.granularity == "tensor":
+    ax = ndim - 1 if ndim else 0
+    flat = x32.reshape(1, -1)
+    res = _quantize_rows(flat, f, elem, flat.shape[-1], rounding, scale_mode,
+                         rbits.reshape(1, -1), tensor_amax)
+    out = {k: (v.reshape(()) if k in ("scales", "zeros") and v is not None else v)
+           for k, v in res.items()}
+    out["codes_unpacked"] = res["codes_unpacked"].reshape(x32.shape)
+    out["values"] = res["values"].reshape(x32.shape)
+    out["codes"] = (pack_fp4(out["codes_unpacked"], axis=-1) if elem.bits == 4
+                    else out["codes_unpacked"])
+    return out
+
+  ax = axis % ndim
+  xm = np.moveaxis(x32, ax, -1)
+  rm = np.moveaxis(rbits, ax, -1)
+  n = xm.shape[-1]
+  bsz = n if f.granularity == "channel" else f.block_size
+  res = _quantize_rows(xm, f, elem, bsz, rounding, scale_mode, rm, tensor_amax)
+  out = {}
+  for k, v in res.items():
+    out[k] = np.moveaxis(v, -1, ax) if (v is not None and np.ndim(v) == ndim) else v
+  out["codes"] = (pack_fp4(out["codes_unpacked"], axis=ax) if elem.bits == 4
+                  else out["codes_unpacked"])
+  return out
+
+
+def _quantize_rows(xm, f, elem, bsz, rounding, scale_mode, rm, tensor_amax):
+  """Blocks of bsz along the last axis of xm (already float32, blocked axis last)."""
+  n = xm.shape[-1]
+  xp = _pad_last(xm, bsz)
+  rp = _pad_last(rm, bsz)
+  nb = xp.shape[-1] // bsz
+  xb = xp.reshape(xp.shape[:-1] + (nb, bsz))
+  rb = rp.reshape(xb.shape)
+  if f.scale == "e8m0":
+    codes, scales, vals = _mx_blocks(xb, elem, rounding, scale_mode or "floor", rb)
+    tscale, zeros = None, None
+  elif f.scale == "ue4m3":
+    amax_t = _tensor_amax(xm, f, tensor_amax)
+    codes, scales, vals = _nv_blocks(xb, elem, rounding, rb, amax_t, f.tensor_scale)
+    tscale, zeros = (np.float32(amax_t) if f.tensor_scale else None), None
+  elif elem.kind == "uint":
+    codes, scales, zeros, vals = _uint_blocks(xb, elem, rounding, rb)
+    tscale = None
+  else:
+    codes, scales, vals = _fp32_blocks(xb, elem, rounding, rb)
+    tscale, zeros = None, None
+  codes = codes.reshape(xp.shape)[..., :n]
+  vals = vals.reshape(xp.shape)[..., :n]
+  return {"codes_unpacked": codes, "scales": scales, "tensor_scale": tscale, "zeros": zeros,
+          "values": vals}
+
+
+def _mx_blocks(xb, elem, rounding, scale_mode, rb):
+  amax, _, nonfinite = _group_stats(xb)
+  k = e8m0_exponent(amax, elem, scale_mode)
+  scale_byte = np.where(nonfinite, 255, k + 127).astype(np.uint8)
+  x64 = xb.astype(np.float64)
+  v = np.ldexp(x64, -k[..., None])            # exact
+  if elem.kind != "float":
+    raise ValueError("e8m0 scales need a float element")
+  mag, neg = round_float_elem(elem, v, rounding, rb)
+  codes = encode_float_elem(elem, mag, neg)
+  codes = np.where(nonfinite[..., None], np.uint8(0), codes)
+  val = np.where(neg, -mag, mag) * np.ldexp(1.0, k)[..., None]
+  with np.errstate(all="ignore"):
+    val32 = val.astype(np.float32)
+  val32 = np.where(nonfinite[..., None], np.float32(np.nan), val32)
+  return codes, scale_byte, val32
+
+
+def _tensor_amax(xm, f, tensor_amax):
+  if not f.tensor_scale:
+    return F32(448.0 * 6.0)
+  if tensor_amax is not None:
+    return F32(tensor_amax)
+  a = np.abs(xm.astype(np.float32))
+  a = a[np.isfinite(a)]
+  return F32(a.max()) if a.size else F32(0)
+
+
+def _nv_scale(block_amax, amax_t):
+  """§5: block ue4m3 (value, byte) and the fp32 encode multiplier S_enc_b."""
+  with np.errstate(all="ignore"):
+    amax_t = F32(amax_t)
+    s_enc = F32(1) if amax_t == 0 else np.minimum(F32(2688) / amax_t, FLT_MAX)
+    s_enc = F32(s_enc)
+    t = block_amax.astype(np.float32) * F32(s_enc * (F32(1) / F32(6)))
+    s_b, s_byte = e4m3_rne_sat(t)
+    denom = s_b * (F32(1) / s_enc)
+    s_enc_b = np.minimum(F32(1) / denom, FLT_MAX).astype(np.float32)
+  return s_b, s_byte, s_enc_b
+
+
+def _nv_decode_mult(s_b, amax_t, tensor_scale):
+  with np.errstate(all="ignore"):
+    amax_t = F32(amax_t)
+    if amax_t == 0:
+      return s_b.astype(np.float32)
+    return ((s_b.astype(np.float32) * amax_t) * (F32(1) / F32(2688))).astype(np.float32)
+
+
+def _nv_blocks(xb, elem, rounding, rb, amax_t, tensor_scale):
+  amax, _, nonfinite = _group_stats(xb)
+  s_b, s_byte, s_enc_b = _nv_scale(amax, amax_t)
+  with np.errstate(all="ignore"):
+    v = (xb * s_enc_b[..., None]).astype(np.float32)      # fp32 product, may be +-inf
+  mag, neg = round_float_elem(elem, v.astype(np.float64), rounding, rb,
+                              negative=np.signbit(xb))
+  codes = encode_float_elem(elem, mag, neg)
+  codes = np.where(nonfinite[..., None], np.uint8(0), codes)
+  mult = _nv_decode_mult(s_b, amax_t, tensor_scale)
+  ev = np.where(neg, -mag, mag).astype(np.float32)
+  with np.errstate(all="ignore"):
+    val = (ev * mult[..., None]).astype(np.float32)
+  val = np.where(nonfinite[..., None], np.float32(np.nan), val)
+  s_byte = np.where(nonfinite, np.uint8(0x7F), s_byte).astype(np.uint8)
+  return codes, s_byte, val
+
+
+def _fp32_blocks(xb, elem, rounding, rb):
+  amax, _, nonfinite = _group_stats(xb)
+  max_elem = F32(FP32_SCALE_MAX[elem.name])
+  with np.errstate(all="ignore"):
+    enc = np.where(amax == 0, F32(1), np.minimum(max_elem / amax, FLT_MAX)).astype(np.float32)
+    v = (xb * enc[..., None]).astype(np.float32)
+    scale = (F32(1) / enc).astype(np.float32)
+  v64 = v.astype(np.float64)
+  if elem.kind == "float":
+    mag, neg = round_float_elem(elem, v64, rounding, rb, negative=np.signbit(xb))
+    codes = encode_float_elem(elem, mag, neg)
+    ev = np.where(neg, -mag, mag).astype(np.float32)
+  elif elem.kind == "int":
+    ev, codes = round_int(elem, v64, rounding, rb)
+    ev = ev.astype(np.float32)
+  else:  # nf4
+    if rounding != "nearest_even":
+      raise ValueError("nf4 supports nearest_even only")
+    codes = round_nf4(v64)
+    ev = NF4_GRID[codes]
+  codes = np.where(nonfinite[..., None], np.uint8(0), codes).astype(np.uint8)
+  with np.errstate(all="ignore"):
+    val = (ev * scale[..., None]).astype(np.float32)
+  val = np.where(nonfinite[..., None], np.float32(np.nan), val)
+  scale = np.where(nonfinite, np.float32(np.nan), scale).astype(np.float32)
+  return codes, scale, val
+
+
+def _uint_blocks(xb, elem, rounding, rb):
+  ab = _abs_bits(xb)
+  nonfinite = np.any(ab >= np.uint32(0x7F800000), axis=-1)
+  with np.errstate(all="ignore"):
+    lo = xb.min(axis=-1).astype(np.float32)
+    hi = xb.max(axis=-1).astype(np.float32)
+    d = (hi - lo).astype(np.float32)
+    enc = np.where(hi == lo, F32(1), F32(15) / d).astype(np.float32)
+    v = ((xb - lo[..., None]).astype(np.float32) * enc[..., None]).astype(np.float32)
+    scale = (F32(1) / enc).astype(np.float32)
+  val_int, codes = round_int(elem, v.astype(np.float64), rounding, rb)
+  codes = np.where(nonfinite[..., None], np.uint8(0), codes).astype(np.uint8)
+  with np.errstate(all="ignore"):
+    val = ((val_int.astype(np.float32) * scale[..., None]).astype(np.float32)
+           + lo[..., None]).astype(np.float32)
+  val = np.where(nonfinite[..., None], np.float32(np.nan), val)
+  scale = np.where(nonfinite, np.float32(np.nan), scale).astype(np.float32)
+  return codes, scale, lo, val
+
+
+def _quantize_tile(x32, f, rounding, rbits, tensor_amax):
+  """16x16 tiles over the last two axes (NVFP4 weights)."""
+  elem = ELEMENTS[f.element]
+  b = f.block_size
+  *lead, m, n = x32.shape
+  amax_t = _tensor_amax(x32, f, tensor_amax)
+  pm, pn = (-m) % b, (-n) % b
+  xp = np.pad(x32, [(0, 0)] * len(lead) + [(0, pm), (0, pn)])
+  rp = np.pad(rbits, [(0, 0)] * len(lead) + [(0, pm), (0, pn)])
+  mb, nb = xp.shape[-2] // b, xp.shape[-1] // b
+  # (..., mb, b, nb, b) -> (..., mb, nb, b*b)
+  def tiles(a):
+    a = a.reshape(tuple(lead) + (mb, b, nb, b))
+    a = np.moveaxis(a, -3, -2)
+    return a.reshape(tuple(lead) + (mb, nb, b * b))
+  def untile(a):
+    a = a.reshape(tuple(lead) + (mb, nb, b, b))
+    a = np.moveaxis(a, -2, -3)
+    return a.reshape(tuple(lead) + (mb * b, nb * b))[..., :m, :n]
+  codes, scales, vals = _nv_blocks(tiles(xp), elem, rounding, tiles(rp), amax_t, f.tensor_scale)
+  cu = untile(codes)
+  return {"codes_unpacked": cu, "codes": pack_fp4(cu, axis=-1), "scales": scales,
+          "tensor_scale": np.float32(amax_t) if f.tensor_scale else None, "zeros": None,
+          "values": untile(vals)}
+
+
+def dequantize_codes(fmt, codes_unpacked, scales, axis=-1, tensor_scale=None, zeros=None):
+  """Decode unpacked codes with given block scales (MX e8m0 only; used by constructed tests)."""
+  f = get_fmt(fmt)
+  assert f.scale == "e8m0"
+  elem = ELEMENTS[f.element]
+  c = np.moveaxis(np.asarray(codes_unpacked), axis, -1)
+  s = np.moveaxis(np.asarray(scales), axis, -1)
+  sv = np.repeat(e8m0_value(s), f.block_size, axis=-1)[..., :c.shape[-1]]
+  val = float_value(elem, c) * sv
+  with np.errstate(all="ignore"):
+    return np.moveaxis(val.astype(np.float32), -1, axis)
+
+
+# --------------------------------------------------------------------------------------------
+# Comparison helpers (pure numpy)
+# --------------------------------------------------------------------------------------------
+
+def bit_view(a):
+  """Unsigned-integer view of an array's bits, with every NaN made the same (positive) NaN."""
+  a = np.asarray(a)
+  if a.dtype.kind == "f" or a.dtype.name in ("bfloat16",):
+    width = a.dtype.itemsize
+    u = {2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    canon = np.full((), np.nan, dtype=a.dtype).view(u)
+    return np.where(np.isnan(a.astype(np.float32)), canon, a.view(u))
+  return a
+
+
+def assert_same_bits(actual, expected, what="array"):
+  """Bit-exact equality (NaNs equal each other, -0 differs from +0), with a useful message."""
+  actual = np.asarray(actual)
+  expected = np.asarray(expected)
+  assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+  assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+  a, e = bit_view(actual), bit_view(expected)
+  bad = np.argwhere(a != e)
+  if bad.size:
+    idx = [tuple(int(i) for i in b) for b in bad[:6]]
+    detail = ", ".join(f"{i}: got {actual[i]!r} want {expected[i]!r}" for i in idx)
+    raise AssertionError(f"{what}: {len(bad)} of {a.size} differ; first {detail}")
+
+
+def check_quantized(ref, codes, scales, values, tensor_scale=None, zeros=None, what=""):
+  """Compare an implementation's outputs (plain numpy arrays) with an oracle result dict."""
+  assert_same_bits(np.asarray(codes), ref["codes"], f"{what} codes")
+  assert_same_bits(np.asarray(scales), ref["scales"], f"{what} scales")
+  if ref["tensor_scale"] is not None:
+    assert tensor_scale is not None, f"{what}: tensor_scale missing"
+    assert_same_bits(np.asarray(tensor_scale, dtype=np.float32).reshape(()),
+                     np.asarray(ref["tensor_scale"], dtype=np.float32).reshape(()),
+                     f"{what} tensor_scale")
+  if ref["zeros"] is not None:
+    assert zeros is not None, f"{what}: zeros missing"
+    z, rz = np.asarray(zeros), ref["zeros"]
+    ok = ~np.isnan(ref["scales"])   # the zero point of a non-finite group is unspecified
+    assert_same_bits(z[ok], rz[ok], f"{what} zeros")
+  assert_same_bits(np.asarray(values), ref["values"], f"{what} dequantized values")
+
+
+def heavy_tailed(shape, seed, dtype=np.float32, exp_range=24, with_specials=True):
+  """Random test data: Student-t(3) values, per-row power-of-two magnitudes spanning
+  2^-exp_range..2^exp_range, some exact grid-like values and ties, zeros and -0."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_t(3, size=shape)
+  rows = 2.0 ** rng.integers(-exp_range, exp_range + 1, size=shape[:-1] + (1,))
+  x = x * rows
+  if with_specials:
+    sel = rng.random(shape)
+    # values (n + 1/2) * 2^j: ties for many element grids at many scales
+    ties = (rng.integers(-16, 16, size=shape) + 0.5) * 2.0 ** rng.integers(-4, 2, size=shape) * rows
+    x = np.where(sel < 0.15, ties, x)
+    x = np.where((sel >= 0.15) & (sel < 0.17), 0.0, x)
+    x = np.where((sel >= 0.17) & (sel < 0.19), -0.0, x)
+  return x.astype(dtype)
