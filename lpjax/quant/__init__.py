@@ -38,3 +38,17 @@ __all__ = [
     "dequantize", "fake_quant", "get_format", "hadamard", "hadamard_matrix", "pack_fp4",
     "quantize", "random_bits", "random_signs", "unpack_fp4",
 ]
+
+# Quantized GEMMs / convolutions, recipes, policies and schedules (docs/gemm.md).
+from lpjax.quant import recipes, ssp  # noqa: E402
+from lpjax.quant.conv import conv_general_dilated  # noqa: E402
+from lpjax.quant.gemm import dot_general, einsum, operand_stats  # noqa: E402
+from lpjax.quant.policy import QuantPolicy, recipe_override  # noqa: E402
+from lpjax.quant.recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant.schedule import PrecisionSchedule, ScheduleState  # noqa: E402
+
+__all__ += [
+    "GemmQuant", "GemmRecipe", "OperandQuant", "PrecisionSchedule", "QuantPolicy", "REUSE_FWD",
+    "ScheduleState", "conv_general_dilated", "dot_general", "einsum", "operand_stats",
+    "recipe_override", "recipes", "ssp",
+]

@@ -19,11 +19,11 @@ Examples:
   >>> from lpjax.quant.gemm import dot_general, einsum
   >>> x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   >>> w = jax.random.normal(jax.random.key(1), (64, 32))
-  >>> y = dot_general(x, w, (((2,), (0,)), ((), ())), "mxfp4_naive")
+  >>> y = jax.jit(lambda x, w: dot_general(x, w, (((2,), (0,)), ((), ())), "mxfp4_naive"))(x, w)
   >>> y.shape, y.dtype
   ((2, 8, 32), dtype('float32'))
-  >>> g = jax.grad(lambda w: einsum("bsd,df->bsf", x, w, recipe="mxfp4", key=jax.random.key(2)).sum())(w)
-  >>> g.shape
+  >>> loss = lambda w, key: einsum("bsd,df->bsf", x, w, recipe="mxfp4", key=key).sum()
+  >>> jax.jit(jax.grad(loss))(w, jax.random.key(2)).shape   # SR needs the key
   (64, 32)
 """
 
@@ -285,8 +285,12 @@ def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_elem
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> x, w = jnp.ones((4, 64)), jnp.full((64, 8), 0.5)
-    >>> dot_general(x, w, (((1,), (0,)), ((), ())), "nvfp4", key=jax.random.key(0))[0, :2].tolist()
+    >>> f = jax.jit(lambda x, w: dot_general(x, w, (((1,), (0,)), ((), ())), "mxfp4_naive"))
+    >>> f(x, w)[0, :2].tolist()   # 1 and 0.5 are exact in MXFP4
     [32.0, 32.0]
+    >>> g = jax.jit(lambda x, w, key: dot_general(x, w, (((1,), (0,)), ((), ())), "mxfp4", key=key))
+    >>> g(x, w, jax.random.key(0)).shape   # RHT-32 before rounding: no longer exact
+    (4, 8)
   """
   recipe = resolve_recipe(recipe)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
@@ -309,8 +313,9 @@ def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):
   GEMM result is unaffected. Returns {"lhs": {...}, "rhs": {...}} with the quantized sides only.
 
   Examples:
-    >>> import jax.numpy as jnp
-    >>> s = operand_stats(jnp.ones((4, 32)), jnp.ones((32, 8)), (((1,), (0,)), ((), ())), "mxfp4_naive")
+    >>> import jax, jax.numpy as jnp
+    >>> stats = jax.jit(operand_stats, static_argnums=(2, 3))
+    >>> s = stats(jnp.ones((4, 32)), jnp.ones((32, 8)), (((1,), (0,)), ((), ())), "mxfp4_naive")
     >>> sorted(s), sorted(s["lhs"]), float(s["lhs"]["snr_db"])
     (['lhs', 'rhs'], ['amax', 'frac_flushed', 'frac_saturated', 'snr_db'], inf)
   """
@@ -322,6 +327,7 @@ def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):
   for name, x, side, axis in (("lhs", lhs3, LHS, -1), ("rhs", rhs3, RHS, -2)):
     op = recipe.fwd.operands()[side]
     if op is not None:
+      x, axis = _to_last(x, axis, True)  # the layout `_fwd_operand` quantizes in
       out[name] = opq.stats(x, op, axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs,
                             block=block)
   return out
@@ -372,9 +378,9 @@ def einsum(subscripts: str, *operands, recipe, key=None, preferred_element_type=
   first (in high precision). Supports '...' but not repeated indices within an operand.
 
   Examples:
-    >>> import jax.numpy as jnp
+    >>> import jax, jax.numpy as jnp
     >>> q, k = jnp.ones((2, 4, 8, 32)), jnp.ones((2, 4, 8, 32))
-    >>> einsum("bhqd,bhkd->bhqk", q, k, recipe="mxfp4_naive").shape
+    >>> jax.jit(lambda q, k: einsum("bhqd,bhkd->bhqk", q, k, recipe="mxfp4_naive"))(q, k).shape
     (2, 4, 8, 8)
   """
   if len(operands) != 2:

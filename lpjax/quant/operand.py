@@ -12,11 +12,11 @@ Examples:
   >>> x = jax.random.normal(jax.random.key(0), (4, 64))
   >>> op = OperandQuant("mxfp4", hadamard_block=32)
   >>> signs = hadamard_signs(None, "fwd", 32)
-  >>> x_hat = fake(x, op, axis=-1, key=None, signs=signs)
+  >>> x_hat = jax.jit(lambda x: fake(x, op, axis=-1, key=None, signs=signs))(x)
   >>> x_hat.shape, x_hat.dtype
   ((4, 64), dtype('float32'))
-  >>> q = pack(x, op, axis=-1, key=None, signs=signs)
-  >>> bool((unpack(q, op, x.dtype) == x_hat).all())
+  >>> via_qarray = jax.jit(lambda x: unpack(pack(x, op, axis=-1, key=None, signs=signs), op, x.dtype))
+  >>> bool((via_qarray(x) == x_hat).all())
   True
 """
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from lpjax.quant import ssp
 from lpjax.quant.hadamard import hadamard, random_signs
+from lpjax.quant.packing import unpack_fp4
 from lpjax.quant.quantize import QArray, dequantize, fake_quant, quantize
 from lpjax.quant.recipe import OperandQuant
 from lpjax.quant.tables import decode_table
@@ -168,8 +169,6 @@ def _saturated(xs, x_hat, q: QArray):
     return jnp.zeros(xs.shape, bool)
   codes = q.codes
   if element.is_packed:
-    from lpjax.quant.packing import unpack_fp4
-
     codes = unpack_fp4(codes, q.shape[q.layout.axis], axis=q.layout.axis)
   at_max = jnp.asarray(np.abs(decode_table(element)) == element.max_value)[codes.astype(jnp.int32)]
   # Beyond by more than fp32 round-off of the scale (per-tensor fp32 scales are not exact).

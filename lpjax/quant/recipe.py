@@ -17,7 +17,8 @@ Stable-SPAM paper's code does).
 Examples:
   >>> from lpjax.quant.recipe import GemmQuant, GemmRecipe, OperandQuant
   >>> rtn = OperandQuant("mxfp4")
-  >>> sr = OperandQuant("mxfp4", rounding="stochastic", hadamard_block=32, sr_prescale=0.75)
+  >>> sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
+  ...                   sr_prescale=0.75)
   >>> r = GemmRecipe(fwd=GemmQuant(lhs=rtn, rhs=rtn), dgrad=(sr, sr), wgrad=(sr, sr),
   ...                compute_dtype="bfloat16")
   >>> r.dgrad.lhs.rounding, r.compute_dtype, r.needs_key
@@ -32,7 +33,7 @@ from typing import Any, Union
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import formats
+from lpjax.quant import formats, ssp
 
 REUSE_FWD = "reuse_fwd"  # backward operand = the forward GEMM's fake-quantized X or W (STE)
 RESIDUAL_MODES = ("high_precision", "quantized")
@@ -45,6 +46,12 @@ class OperandQuant:
 
   Order of operations: x -> RHT (if `hadamard_block`) -> x * sr_prescale (if set) -> quantize
   with `fmt` / `rounding` / `scale_mode` -> dequantize -> / sr_prescale.
+
+  The pre-scale (Tseng et al. 2025) keeps stochastic rounding unbiased by keeping every block
+  inside the element range. The block scale is computed from the pre-scaled values, so with e8m0
+  scales it needs scale_mode="rceil": ceil(log2(3/4 amax / 6)) = floor(log2 amax) - 2 (the OCP
+  scale of the unscaled block) unless amax is a power of two, where it picks the next finer scale
+  that still does not clip. The OCP "floor" rule would clip again (rejected).
   """
 
   fmt: Union[str, formats.QuantFormat]  # a core format name / QuantFormat, or an SSP name ("ssp_fp4_g256")
@@ -55,8 +62,6 @@ class OperandQuant:
   sr_prescale: float | None = None  # multiply before rounding, divide after (Tseng et al.: 0.75)
 
   def __post_init__(self):
-    from lpjax.quant import ssp  # local: ssp is tiny, but keeps this module's imports minimal
-
     if isinstance(self.fmt, str) and self.fmt in ssp.NAMES:
       if self.rounding != "nearest_even" or self.scale_mode is not None:
         raise ValueError(f"SSP quantizer {self.fmt!r} rounds half to even with its own scales; "
@@ -71,11 +76,16 @@ class OperandQuant:
         raise ValueError(f"hadamard_block must be a power of two >= 2, got {b!r}.")
     if self.sr_prescale is not None and not 0.0 < self.sr_prescale <= 1.0:
       raise ValueError(f"sr_prescale must be in (0, 1], got {self.sr_prescale!r}.")
+    if (self.sr_prescale is not None and not self.is_ssp and self.format.scale == "e8m0"
+        and self.scale_mode in (None, "floor", "even")):
+      # The block scale is computed from the pre-scaled values: with a floor scale, a block whose
+      # amax mantissa is below 4/3 drops one binade and clips again, and SR is biased.
+      raise ValueError("sr_prescale with e8m0 scales needs a non-clipping scale_mode ('rceil' or "
+                       "'ceil'): the scale is computed after pre-scaling, so the 'floor' rule can "
+                       "still clip. With 'rceil', x 3/4 reproduces Tseng et al.'s scale.")
 
   @property
   def is_ssp(self) -> bool:
-    from lpjax.quant import ssp
-
     return isinstance(self.fmt, str) and self.fmt in ssp.NAMES
 
   @property

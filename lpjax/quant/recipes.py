@@ -6,8 +6,8 @@
 | bf16 | bf16 | bf16 | bf16 | mixed precision (Micikevicius et al. 2018) |
 | fp8 | e4m3, e4m3 tensor | e5m2, e4m3 | e4m3, e5m2 | TE Float8CurrentScaling(HYBRID) |
 | mxfp8 | MXFP8 e4m3 (rceil) | same | same | TE MXFP8BlockScaling; Mishra et al. 2025 |
-| mxfp4 | MXFP4 RTN + RHT-32 | MXFP4 SR x3/4 + RHT-32 | same | Quartet (Castro et al. 2025) |
-| mxfp4_bwd | bf16 | MXFP4 SR x3/4 + RHT-64 | same | Tseng et al. 2025 |
+| mxfp4 | MXFP4 RTN + RHT-32 | MXFP4 SR x3/4 (rceil) + RHT-32 | same | Quartet (Castro et al. 2025) |
+| mxfp4_bwd | bf16 | MXFP4 SR x3/4 (rceil) + RHT-64 | same | Tseng et al. 2025 |
 | nvfp4 | NVFP4 1x16, W 16x16 | dY SR, W 16x16 | RHT-16, dY SR | NVIDIA NVFP4 paper 2025 |
 | mxfp4_e4m3scale | e2m1 / ue4m3 @32 RTN + RHT-32 | SR + RHT-32 | same | E4M3-vs-E8M0 ablation |
 | mxfp4_naive | MXFP4 RTN | MXFP4 RTN | MXFP4 RTN | naive baseline |
@@ -43,7 +43,7 @@ def _same(op):
 
 
 def _fp32():
-  """Full fp32 GEMMs (operands cast to float32): the numerics reference."""
+  """Full fp32 GEMMs (operands cast to float32): the numerics baseline."""
   return GemmRecipe(compute_dtype=jnp.float32, name="fp32")
 
 
@@ -72,16 +72,19 @@ def _mxfp8():
 def _mxfp4():
   """MXFP4 for all three GEMMs, Quartet-like (Castro et al. 2025, arXiv 2505.14669; NUMERICS.md §7):
   forward RTN after a Hadamard-32 transform; dgrad and wgrad stochastic rounding with the 3/4
-  pre-scale (Tseng et al. 2025) and RHT-32 along each GEMM's contraction axis."""
+  pre-scale (Tseng et al. 2025; with the rceil scale rule so the pre-scaled block cannot clip)
+  and RHT-32 along each GEMM's contraction axis."""
   fwd = OperandQuant("mxfp4", hadamard_block=32)
-  sr = OperandQuant("mxfp4", rounding="stochastic", hadamard_block=32, sr_prescale=0.75)
+  sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
+                    sr_prescale=0.75)
   return GemmRecipe(fwd=_same(fwd), dgrad=_same(sr), wgrad=_same(sr), compute_dtype=BF16, name="mxfp4")
 
 
 def _mxfp4_bwd():
   """Backward-only MXFP4 (Tseng, Yu, Park 2025, "Training LLMs with MXFP4", arXiv 2502.20586):
   forward bf16; dgrad and wgrad MXFP4 with RHT-64 and stochastic rounding with the 3/4 pre-scale."""
-  sr = OperandQuant("mxfp4", rounding="stochastic", hadamard_block=64, sr_prescale=0.75)
+  sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=64,
+                    sr_prescale=0.75)
   return GemmRecipe(dgrad=_same(sr), wgrad=_same(sr), compute_dtype=BF16, name="mxfp4_bwd")
 
 
@@ -138,8 +141,9 @@ def _ssp_fp4():
 
 
 def _ssp_int4():
-  """Stable-SPAM paper "INT4": asymmetric uint4 weights (min/max, group 256) and symmetric absmax
-  int4 activations (group 256, top-2 kept), forward only; gradients bf16."""
+  """Stable-SPAM paper "INT4" (arXiv 2502.17055; NUMERICS.md §7): asymmetric uint4 weights
+  (min/max, group 256) and symmetric absmax int4 activations (group 256, top-2 kept), forward
+  only; gradients bf16."""
   return _ssp("ssp_int4_g256", "ssp_uint4_g256", "ssp_int4")
 
 

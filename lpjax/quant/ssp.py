@@ -9,9 +9,10 @@ length that is not a multiple of the group is zero-padded, as the core does for 
   rounded half to even onto the 9-level grid {0, ±1/4, ±1/2, ±3/4, ±1} x alpha, alpha = the
   absmax of those remaining values (clamped to >= 1e-6 as in the reference code).
 - `int4_fake_quant`: symmetric absmax int4 with the top-2 kept: codes round(x * 7 / alpha)
-  clamped to [-8, 7], values code * alpha / 7 (reference: Q-GaLore's `fake_topk_quantize`).
+  clamped to [-8, 7], values code * (alpha * fl32(1/7)) (reference: Q-GaLore's
+  `fake_topk_quantize`).
 - `uint4_fake_quant`: asymmetric min/max uint4 with an integer zero point (reference:
-  `_quantize_tensor` of the Stable-SPAM code): scale = max(hi - lo, 1e-5) / 15,
+  `_quantize_tensor` of the Stable-SPAM code): scale = max(hi - lo, 1e-5) * fl32(1/15),
   zero = clip(-round(lo / scale), 0, 15), code = clip(round(x / scale) + zero, 0, 15),
   value = (code - zero) * scale.
 
@@ -23,18 +24,24 @@ Examples:
   >>> x = jnp.array([10.0, -7.0, 0.3, -0.5, 0.62, 1.0, 0.0, 0.12])
   >>> fp4_fake_quant(x, group=8).tolist()   # 10 and -7 kept; alpha = 1: steps of 1/4
   [10.0, -7.0, 0.25, -0.5, 0.5, 1.0, 0.0, 0.0]
-  >>> quantize_ssp(x, "ssp_int4_g256").tolist()[:4]  # alpha = 1, steps of 1/7
-  [10.0, -7.0, 0.2857142984867096, -0.4285714328289032]
+  >>> quantize_ssp(x, "ssp_int4_g256").tolist()[:4]  # alpha = 1, steps of 1/7; -3.5 -> -4 (half even)
+  [10.0, -7.0, 0.2857142984867096, -0.5714285969734192]
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NAMES = ("ssp_fp4_g256", "ssp_int4_g256", "ssp_uint4_g256")
 _ALPHA_MIN = 1e-6  # reference code: absmax.clamp(min=1e-6)
 _SPAN_MIN = 1e-5  # reference code: (max - min).clamp(min=1e-5)
+# Divisions by the constants 7 and 15 are multiplications by their float32 reciprocals (XLA
+# rewrites x / 7 so anyway, depending on fusion; this makes it explicit and deterministic). The
+# reference code divides, which can differ by one ulp.
+_INV7 = np.float32(1.0 / 7.0)
+_INV15 = np.float32(1.0 / 15.0)
 
 
 def _grouped(x, group: int, axis: int):
@@ -84,7 +91,7 @@ def int4_fake_quant(x, *, group: int = 256, topk: int = 2, axis: int = -1):
   rest = jnp.where(keep, 0.0, g)
   alpha = jnp.maximum(jnp.max(jnp.abs(rest), axis=-1, keepdims=True), _ALPHA_MIN)
   codes = jnp.clip(jnp.round(rest * (7.0 / alpha)), -8.0, 7.0)
-  return ungroup(jnp.where(keep, g, codes * alpha / 7.0)).astype(dtype)
+  return ungroup(jnp.where(keep, g, codes * (alpha * _INV7))).astype(dtype)
 
 
 def uint4_fake_quant(x, *, group: int = 256, axis: int = -1):
@@ -93,7 +100,7 @@ def uint4_fake_quant(x, *, group: int = 256, axis: int = -1):
   g, ungroup = _grouped(x.astype(jnp.float32), group, axis)
   lo = jnp.min(g, axis=-1, keepdims=True)
   hi = jnp.max(g, axis=-1, keepdims=True)
-  scale = jnp.maximum(hi - lo, _SPAN_MIN) / 15.0
+  scale = jnp.maximum(hi - lo, _SPAN_MIN) * _INV15
   zero = jnp.clip(-jnp.round(lo / scale), 0.0, 15.0)
   codes = jnp.clip(jnp.round(g / scale) + zero, 0.0, 15.0)
   return ungroup((codes - zero) * scale).astype(dtype)
