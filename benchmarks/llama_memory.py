@@ -1,0 +1,141 @@
+"""Per-device memory of a LLaMA train step, AOT-compiled from ShapeDtypeStructs (nothing allocated).
+
+    python benchmarks/llama_memory.py --config=configs/llama_1b_mxfp4.py --devices=8
+
+Compiles the config's train step and, as the baseline, the same model and mesh with FP32 Adam,
+no quantization (recipe fp32) and float32 optimizer state, and reports XLA's memory analysis per
+device: arguments + temporaries + outputs - aliased (donated) buffers. The last output line is a
+JSON object with `per_device_bytes` and `baseline_per_device_bytes`. On CPU the numbers are XLA:CPU's
+buffer assignment for the same program; a GPU backend schedules differently, so treat them as an
+estimate of the GPU footprint, not a measurement of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="a config file in configs/")
+  p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
+  p.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
+  p.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
+  p.add_argument("--skip_baseline", action="store_true")
+  return p.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:  # before jax is imported
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from lpjax import optim  # noqa: E402
+from lpjax.models import llama  # noqa: E402
+from lpjax.train import config as cfg_lib  # noqa: E402
+from lpjax.train import sharding as shd  # noqa: E402
+from lpjax.train.optimizers import make_optimizer  # noqa: E402
+from lpjax.train.step import TrainState, make_train_step  # noqa: E402
+
+
+def load_config(path: str):
+  spec = importlib.util.spec_from_file_location("lpjax_bench_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
+  with config.unlocked():
+    config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
+    config.model.vocab_size = vocab
+  config = cfg_lib.validate(config, len(devices))
+  mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+  model_cfg = llama.LlamaConfig.from_config(config, vocab)
+  graphdef, _ = llama.abstract_model(model_cfg)
+  tx = make_optimizer(config)
+
+  def init(key):
+    params = llama.init_params(model_cfg, key)
+    zero = jnp.zeros([], jnp.int32)
+    loss_scale = optim.DynamicLossScale() if config.quant.loss_scale else None
+    return TrainState(step=zero, params=params, opt_state=tx.init(params), loss_scale=loss_scale,
+                      skipped=zero, consecutive_skips=zero)
+
+  abstract = jax.eval_shape(init, jax.random.key(0))
+  rules = llama.PARTITION_RULES
+  shardings = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jax.sharding.NamedSharding(mesh, shd.spec_for(
+          shd.logical_axes_for(shd.path_string(path), len(leaf.shape), rules), leaf.shape, mesh)),
+      abstract)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       abstract, shardings)
+  tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,
+                                sharding=shd.batch_sharding(mesh))
+  batch = {"inputs": tokens, "targets": tokens}
+  apply_fn = lambda params, x, recipe, key: llama.apply(graphdef, model_cfg, params, x, recipe, key)
+  step = make_train_step(apply_fn, tx)
+  start = time.time()
+  compiled = jax.jit(lambda s, b, k: step(s, b, k, None), donate_argnums=(0,)).lower(
+      state, batch, jax.random.key(0)).compile()
+  compile_s = time.time() - start
+  m = compiled.memory_analysis()
+  parts = {"arguments": m.argument_size_in_bytes, "temporaries": m.temp_size_in_bytes,
+           "outputs": m.output_size_in_bytes, "aliased": m.alias_size_in_bytes}
+  total = parts["arguments"] + parts["temporaries"] + parts["outputs"] - parts["aliased"]
+  return total, parts, compile_s
+
+
+def baseline_of(config):
+  base = config.copy_and_resolve_references()
+  with base.unlocked():
+    base.quant.recipe = "fp32"
+    base.quant.residuals = ""
+    base.optimizer.name = "adam"
+    base.optimizer.state_dtype = "float32"
+    base.model.compute_dtype = "float32"
+  return base
+
+
+def main():
+  devices = jax.devices()[:ARGS.devices]
+  config = load_config(ARGS.config)
+  if ARGS.batch_size:
+    config.batch_size = ARGS.batch_size
+  gib = 2.0**30
+  rows = []
+  total, parts, secs = per_device_bytes(config, ARGS.vocab, devices)
+  rows.append(("config", total, parts, secs))
+  base_total = None
+  if not ARGS.skip_baseline:
+    base_total, base_parts, base_secs = per_device_bytes(baseline_of(config), ARGS.vocab, devices)
+    rows.append(("FP32 Adam, no quantization", base_total, base_parts, base_secs))
+  print(f"{ARGS.config}: model {config.model.size}, batch {config.batch_size} x {config.seq_len}, "
+        f"mesh data {config.mesh.data} fsdp {config.mesh.fsdp} tensor {config.mesh.tensor}, "
+        f"{len(devices)} devices, jax {jax.__version__}")
+  print("| program | per device GiB | arguments | temporaries | outputs | aliased | compile s |")
+  print("|---|---|---|---|---|---|---|")
+  for name, t, p, s in rows:
+    print(f"| {name} | {t / gib:.2f} | {p['arguments'] / gib:.2f} | {p['temporaries'] / gib:.2f} | "
+          f"{p['outputs'] / gib:.2f} | {p['aliased'] / gib:.2f} | {s:.0f} |")
+  result = {"config": ARGS.config, "devices": len(devices), "per_device_bytes": int(total),
+            "baseline_per_device_bytes": int(base_total) if base_total is not None else None}
+  if base_total:
+    result["ratio"] = total / base_total
+    print(f"ratio to baseline: {total / base_total:.3f} (goal <= 0.6); fits a 40 GB A100: "
+          f"{total < 40e9}")
+  print(json.dumps(result))
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,1 @@
+"""Experiment configs: one file per experiment; each docstring gives its command."""

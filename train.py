@@ -1,0 +1,38 @@
+"""Trains a model from a config file. Flags only; the program is lpjax.train.train_and_evaluate.
+
+    python train.py --config=configs/llama_tiny_mxfp4.py --workdir=runs/tiny
+    python train.py --config=configs/llama_60m_mxfp4.py --config.optimizer.lr=2e-3 --workdir=runs/60m
+"""
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file in configs/.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from lpjax.train import train_and_evaluate  # after flags: keeps --help fast
+  from lpjax.train.trainer import setup_logging
+
+  setup_logging()
+
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(
+      flags.FLAGS["config"].config_filename))[0])
+  results = train_and_evaluate(config, workdir)
+  print(f"\nResults: {os.path.join(os.path.abspath(workdir), 'results.json')}")
+  print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')} "
+        f"(TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')})")
+  print({k: results[k] for k in ("steps", "final_train_loss", "final_eval_loss",
+                                  "final_eval_loss_fp", "wall_time_s")})
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
