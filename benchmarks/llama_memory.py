@@ -83,7 +83,7 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
                                 sharding=shd.batch_sharding(mesh))
   batch = {"inputs": tokens, "targets": tokens}
   apply_fn = lambda params, x, recipe, key: llama.apply(graphdef, model_cfg, params, x, recipe, key)
-  step = make_train_step(apply_fn, tx)
+  step = make_train_step(apply_fn, tx, grad_accum_steps=config.grad_accum_steps)
   start = time.time()
   compiled = jax.jit(lambda s, b, k: step(s, b, k, None), donate_argnums=(0,)).lower(
       state, batch, jax.random.key(0)).compile()

@@ -16,5 +16,6 @@ def get_config():
   c.mesh.fsdp = 8  # parameters, gradients and optimizer state sharded over 8 GPUs
   c.mesh.data = 1
   c.model.remat = True
+  c.grad_accum_steps = 8  # 8 microbatches of 64 sequences: 8 per GPU at a time
   c.quant.residuals = "quantized"  # FP4-packed column-wise copies saved for the backward pass
   return c

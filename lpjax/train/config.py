@@ -61,6 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0  # seeds parameters, data order and stochastic rounding
   c.steps = 1000  # optimizer steps
   c.batch_size = 32  # global batch, in sequences
+  c.grad_accum_steps = 1  # microbatches per step (same update, ~1/k of the activation memory)
   c.seq_len = 128  # tokens per sequence
   c.eval_every = 250  # steps between evaluations (0: only at the end)
   c.eval_steps = 8  # batches per evaluation
@@ -267,6 +268,9 @@ def validate(config, device_count: int, process_count: int = 1):
     raise ConfigError(f"Impossible mesh: data {data} x fsdp {fsdp} x tensor {tensor} = "
                       f"{data * fsdp * tensor}, but there are {device_count} devices. Set mesh.data=-1 "
                       "to use all remaining devices.")
+  if config.grad_accum_steps < 1 or config.batch_size % (config.grad_accum_steps * data * fsdp):
+    raise ConfigError(f"batch_size {config.batch_size} must be divisible by grad_accum_steps "
+                      f"{config.grad_accum_steps} x the {data * fsdp} batch shards.")
   if config.batch_size % (data * fsdp) or config.batch_size % process_count:
     raise ConfigError(f"batch_size {config.batch_size} is not divisible by the {data * fsdp} "
                       f"batch shards (mesh.data x mesh.fsdp) and {process_count} processes; use a "

@@ -42,24 +42,49 @@ def cross_entropy(logits, targets):
   return jnp.mean(loss), loss.size
 
 
-def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1):
+def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
+                    grad_accum_steps: int = 1):
   """train_step(state, batch, key, recipe) -> (state, metrics); `recipe` is static.
 
-  apply_fn(params, tokens, recipe, key) -> logits.
+  apply_fn(params, tokens, recipe, key) -> logits. With grad_accum_steps = k > 1 the batch is
+  split into k microbatches (rows i, i + k, ... form microbatch i, so a batch sharded by rows
+  stays local), their gradients are averaged, and the optimizer steps once: the same update as
+  one big batch, with about 1/k of the activation memory.
   """
 
-  def train_step(state: TrainState, batch, key, recipe: str):
-    step_key = jax.random.fold_in(key, state.step)
-
+  def grads_of(params, batch, step_key, step, loss_scale, recipe):
     def loss_fn(params):
       logits = apply_fn(params, batch["inputs"], recipe, step_key)
       loss, _ = cross_entropy(logits, batch["targets"])
       if nan_at_step >= 0:  # debug: inject a non-finite loss at one step
-        loss = jnp.where(state.step == nan_at_step, jnp.nan, loss)
-      scaled = state.loss_scale.scale(loss) if state.loss_scale is not None else loss
+        loss = jnp.where(step == nan_at_step, jnp.nan, loss)
+      scaled = loss_scale.scale(loss) if loss_scale is not None else loss
       return scaled, loss
 
-    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss, grads
+
+  def train_step(state: TrainState, batch, key, recipe: str):
+    step_key = jax.random.fold_in(key, state.step)
+    if grad_accum_steps == 1:
+      loss, grads = grads_of(state.params, batch, step_key, state.step, state.loss_scale, recipe)
+    else:
+      k = grad_accum_steps
+      micro = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]),
+                                                  0, 1), batch)
+
+      def body(carry, inputs):
+        i, mb = inputs
+        loss, grads = grads_of(state.params, mb, jax.random.fold_in(step_key, i), state.step,
+                               state.loss_scale, recipe)
+        total_loss, total_grads = carry
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), None
+
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      (loss, grads), _ = jax.lax.scan(body, (jnp.zeros([], jnp.float32), zeros),
+                                      (jnp.arange(k), micro))
+      loss = loss / k
+      grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grads, state.params)
     loss_scale = state.loss_scale
     if loss_scale is not None:
       grads = loss_scale.unscale(grads)

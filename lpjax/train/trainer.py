@@ -80,7 +80,8 @@ class Trainer:
     self.replicated = shd.replicated(self.mesh)
     self.precision = PrecisionController(config)
     apply_fn = functools.partial(llama.apply, self.graphdef, self.model_config)
-    self._train_step = make_train_step(apply_fn, self.tx, nan_at_step=config.debug.nan_at_step)
+    self._train_step = make_train_step(apply_fn, self.tx, nan_at_step=config.debug.nan_at_step,
+                                       grad_accum_steps=config.grad_accum_steps)
     self._eval_step = make_eval_step(apply_fn)
     self._compiled = {}
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),

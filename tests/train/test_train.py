@@ -72,6 +72,16 @@ def test_fsdp_over_8_devices_matches_one_device(tmp_path):
     np.testing.assert_allclose(r8[key], r1[key], rtol=1e-5)
 
 
+def test_gradient_accumulation_gives_the_same_update(tmp_path):
+  cfg = {"batch_size": 32}  # 4 microbatches of 8 rows, one row per device each
+  one = Trainer(small("fp32", steps=2, **cfg), str(tmp_path / "one"))
+  one.run()
+  four = Trainer(small("fp32", steps=2, grad_accum_steps=4, **cfg), str(tmp_path / "four"))
+  four.run()
+  for a, b in zip(leaves(one.final_state.opt_state), leaves(four.final_state.opt_state)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # Adam moments ~ 1e-3: the gradients
+
+
 def test_stop_and_resume_is_bit_identical(tmp_path):
   cfg = dict(recipe="mxfp4", optimizer="stable_spam", steps=4)
   full = Trainer(small(**cfg), str(tmp_path / "full"))
