@@ -268,13 +268,14 @@ def validate(config, device_count: int, process_count: int = 1):
     raise ConfigError(f"Impossible mesh: data {data} x fsdp {fsdp} x tensor {tensor} = "
                       f"{data * fsdp * tensor}, but there are {device_count} devices. Set mesh.data=-1 "
                       "to use all remaining devices.")
-  if config.grad_accum_steps < 1 or config.batch_size % (config.grad_accum_steps * data * fsdp):
-    raise ConfigError(f"batch_size {config.batch_size} must be divisible by grad_accum_steps "
-                      f"{config.grad_accum_steps} x the {data * fsdp} batch shards.")
   if config.batch_size % (data * fsdp) or config.batch_size % process_count:
     raise ConfigError(f"batch_size {config.batch_size} is not divisible by the {data * fsdp} "
                       f"batch shards (mesh.data x mesh.fsdp) and {process_count} processes; use a "
                       "multiple of both.")
+  if config.grad_accum_steps < 1 or config.batch_size % (config.grad_accum_steps * data * fsdp):
+    raise ConfigError(f"batch_size {config.batch_size} is not divisible by grad_accum_steps "
+                      f"{config.grad_accum_steps} x the {data * fsdp} batch shards; every microbatch "
+                      "needs the same number of rows on each shard.")
   if tensor > 1 and size.heads % tensor:
     raise ConfigError(f"mesh.tensor {tensor} must divide the {size.heads} attention heads.")
   config = config.copy_and_resolve_references()

@@ -109,6 +109,7 @@ def test_c4_through_tfds_mock_data(tmp_path):
     ({"mesh.fsdp": 3}, "does not divide"),
     ({"mesh.data": 2, "mesh.fsdp": 2}, "Impossible mesh"),
     ({"batch_size": 12}, "not divisible"),
+    ({"batch_size": 16, "grad_accum_steps": 4}, "grad_accum_steps"),
     ({"model.max_seq_len": 16}, "exceeds model.max_seq_len"),
     ({"data.tokenizer": "/nonexistent/spiece.model"}, "SentencePiece"),
     ({"quant.recipe": "mxfp5"}, "valid: "),
