@@ -72,11 +72,7 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
                       skipped=zero, consecutive_skips=zero)
 
   abstract = jax.eval_shape(init, jax.random.key(0))
-  rules = llama.PARTITION_RULES
-  shardings = jax.tree_util.tree_map_with_path(
-      lambda path, leaf: jax.sharding.NamedSharding(mesh, shd.spec_for(
-          shd.logical_axes_for(shd.path_string(path), len(leaf.shape), rules), leaf.shape, mesh)),
-      abstract)
+  shardings = shd.tree_shardings(abstract, mesh, llama.PARTITION_RULES)
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        abstract, shardings)
   tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,

@@ -69,6 +69,16 @@ class _Quantized(nnx.Module):
       return None
     return self.quant_rngs()
 
+  def _init_bias(self, use_bias, bias_init, n, param_dtype, rngs):
+    return nnx.Param(bias_init(rngs.params(), (n,), param_dtype)) if use_bias else nnx.data(None)
+
+  def _prepare(self, x, key):
+    """(x, kernel, bias) promoted to the layer's dtype, the active recipe and its key."""
+    bias = self.bias[...] if self.bias is not None else None
+    x, kernel, bias = dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
+    recipe = self.active_recipe()
+    return x, kernel, bias, recipe, self._key(recipe, key)
+
   def _sow_stats(self, stats_fn):
     if self.collect_stats:
       self.sow(nnx.Intermediate, "quant_stats", jax.lax.stop_gradient(stats_fn()))
@@ -84,16 +94,11 @@ class QDense(_Quantized):
     self.in_features, self.out_features = in_features, out_features
     self.dtype, self.param_dtype = dtype, param_dtype
     self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
-    self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias
-                 else nnx.data(None))
+    self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
     self._setup_quant(recipe, policy, path, collect_stats, rngs)
 
   def __call__(self, x, *, key=None):
-    kernel = self.kernel[...]
-    bias = self.bias[...] if self.bias is not None else None
-    x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
-    recipe = self.active_recipe()
-    key = self._key(recipe, key)
+    x, kernel, bias, recipe, key = self._prepare(x, key)
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     self._sow_stats(lambda: qgemm.operand_stats(x, kernel, dn, recipe, key=key))
     y = qgemm.dot_general(x, kernel, dn, recipe, key=key)
@@ -169,16 +174,11 @@ class QConv(_Quantized):
                        f"{feature_group_count}.")
     shape = self.kernel_size + (in_features // feature_group_count, out_features)
     self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype))
-    self.bias = (nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias
-                 else nnx.data(None))
+    self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
     self._setup_quant(recipe, policy, path, collect_stats, rngs)
 
   def __call__(self, x, *, key=None):
-    kernel = self.kernel[...]
-    bias = self.bias[...] if self.bias is not None else None
-    x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
-    recipe = self.active_recipe()
-    key = self._key(recipe, key)
+    x, kernel, bias, recipe, key = self._prepare(x, key)
     n = len(self.kernel_size)
     spatial = "DHW"[-n:] if n <= 3 else None
     if spatial is None:

@@ -71,13 +71,19 @@ def _topk_mask(g, topk: int):
   return keep
 
 
-def fp4_fake_quant(x, *, group: int = 256, topk: int = 2, axis: int = -1):
-  """The SSP "FP4" quantizer: top-k kept, the rest on {0, ±1/4, ±1/2, ±3/4, ±1} x alpha."""
-  dtype = x.dtype
+def _split_outliers(x, group: int, topk: int, axis: int):
+  """Groups of x, the top-k mask, the remaining values and their absmax alpha (per group)."""
   g, ungroup = _grouped(x.astype(jnp.float32), group, axis)
   keep = _topk_mask(g, topk) if topk else jnp.zeros(g.shape, bool)
   rest = jnp.where(keep, 0.0, g)
   alpha = jnp.maximum(jnp.max(jnp.abs(rest), axis=-1, keepdims=True), _ALPHA_MIN)
+  return g, ungroup, keep, rest, alpha
+
+
+def fp4_fake_quant(x, *, group: int = 256, topk: int = 2, axis: int = -1):
+  """The SSP "FP4" quantizer: top-k kept, the rest on {0, ±1/4, ±1/2, ±3/4, ±1} x alpha."""
+  dtype = x.dtype
+  g, ungroup, keep, rest, alpha = _split_outliers(x, group, topk, axis)
   step = alpha * 0.25  # exact
   q = jnp.round(rest / step) * step  # |rest| <= alpha: no clipping needed
   return ungroup(jnp.where(keep, g, q)).astype(dtype)
@@ -86,10 +92,7 @@ def fp4_fake_quant(x, *, group: int = 256, topk: int = 2, axis: int = -1):
 def int4_fake_quant(x, *, group: int = 256, topk: int = 2, axis: int = -1):
   """The SSP "INT4" activation quantizer: symmetric absmax int4 per group, top-k kept."""
   dtype = x.dtype
-  g, ungroup = _grouped(x.astype(jnp.float32), group, axis)
-  keep = _topk_mask(g, topk) if topk else jnp.zeros(g.shape, bool)
-  rest = jnp.where(keep, 0.0, g)
-  alpha = jnp.maximum(jnp.max(jnp.abs(rest), axis=-1, keepdims=True), _ALPHA_MIN)
+  g, ungroup, keep, rest, alpha = _split_outliers(x, group, topk, axis)
   codes = jnp.clip(jnp.round(rest * (7.0 / alpha)), -8.0, 7.0)
   return ungroup(jnp.where(keep, g, codes * (alpha * _INV7))).astype(dtype)
 

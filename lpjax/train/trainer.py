@@ -73,8 +73,7 @@ class Trainer:
                                        tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
                                        cache_dir=d.cache_dir or None, text_key=d.text_key)
     self.model_config = llama.LlamaConfig.from_config(config, self.dataset.vocab_size)
-    self.graphdef, abstract_params = llama.abstract_model(self.model_config)
-    self.param_shardings = shd.tree_shardings(abstract_params, self.mesh, llama.PARTITION_RULES)
+    self.graphdef, _ = llama.abstract_model(self.model_config)
     self.tx = make_optimizer(config)
     self.batch_sharding = shd.batch_sharding(self.mesh)
     self.replicated = shd.replicated(self.mesh)
@@ -105,11 +104,7 @@ class Trainer:
 
   def state_shardings(self, abstract_state):
     """Params by the partition rules; optimizer moments like the params they mirror."""
-    rules = llama.PARTITION_RULES
-    return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: jax.sharding.NamedSharding(self.mesh, shd.spec_for(
-            shd.logical_axes_for(shd.path_string(path), len(getattr(leaf, "shape", ())), rules),
-            getattr(leaf, "shape", ()), self.mesh)), abstract_state)
+    return shd.tree_shardings(abstract_state, self.mesh, llama.PARTITION_RULES)
 
   def restore_or_init(self):
     state = self.init_state()
