@@ -39,12 +39,12 @@ if ARGS is not None:  # before jax is imported
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from lpjax import optim  # noqa: E402
 from lpjax.models import llama  # noqa: E402
 from lpjax.train import config as cfg_lib  # noqa: E402
 from lpjax.train import sharding as shd  # noqa: E402
 from lpjax.train.optimizers import make_optimizer  # noqa: E402
-from lpjax.train.step import TrainState, make_train_step  # noqa: E402
+from lpjax.train.step import init_state, make_train_step  # noqa: E402
+from lpjax.train.tasks.lm import cross_entropy  # noqa: E402
 
 
 def load_config(path: str):
@@ -65,11 +65,8 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
   tx = make_optimizer(config)
 
   def init(key):
-    params = llama.init_params(model_cfg, key)
-    zero = jnp.zeros([], jnp.int32)
-    loss_scale = optim.DynamicLossScale() if config.quant.loss_scale else None
-    return TrainState(step=zero, params=params, opt_state=tx.init(params), loss_scale=loss_scale,
-                      skipped=zero, consecutive_skips=zero)
+    return init_state(llama.init_params(model_cfg, key), None, tx,
+                      loss_scale=config.quant.loss_scale)
 
   abstract = jax.eval_shape(init, jax.random.key(0))
   shardings = shd.tree_shardings(abstract, mesh, llama.PARTITION_RULES)
@@ -78,8 +75,11 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
   tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,
                                 sharding=shd.batch_sharding(mesh))
   batch = {"inputs": tokens, "targets": tokens}
-  apply_fn = lambda params, x, recipe, key: llama.apply(graphdef, model_cfg, params, x, recipe, key)
-  step = make_train_step(apply_fn, tx, grad_accum_steps=config.grad_accum_steps)
+  def loss_fn(params, model_state, batch, key, recipe):
+    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], recipe, key)
+    return cross_entropy(logits, batch["targets"])[0], (model_state, {})
+
+  step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)
   start = time.time()
   compiled = jax.jit(lambda s, b, k: step(s, b, k, None), donate_argnums=(0,)).lower(
       state, batch, jax.random.key(0)).compile()

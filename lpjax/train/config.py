@@ -22,6 +22,13 @@ import os
 import ml_collections
 
 OPTIMIZERS = ("adamw", "adam", "spam", "stable_spam")
+TASKS = ("lm", "classification", "diffusion")
+# Vision models by task (lpjax/models/resnet.py, unet.py) and the image data sources.
+VISION_MODELS = {
+    "classification": ("resnet_tiny", "resnet18", "resnet50"),
+    "diffusion": ("unet_tiny", "unet_cifar10"),
+}
+IMAGE_SOURCES = ("digits", "tfds")
 STATE_DTYPES = ("float32", "bfloat16")
 
 
@@ -58,6 +65,7 @@ _OPTIMIZER_DEFAULTS = {
 def base_config() -> ml_collections.ConfigDict:
   """Every key a training config may have, with its default (one comment per field)."""
   c = ml_collections.ConfigDict()
+  c.task = "lm"  # lm (LLaMA) | classification (ResNet) | diffusion (U-Net)
   c.seed = 0  # seeds parameters, data order and stochastic rounding
   c.steps = 1000  # optimizer steps
   c.batch_size = 32  # global batch, in sequences
@@ -69,10 +77,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # checkpoints kept in the workdir
   c.log_every = 10  # steps between metric lines
   c.progress_bar = True  # tqdm bar with loss, tokens/s and ETA
-  c.max_consecutive_skips = 20  # stop after this many non-finite steps in a row
+  c.max_consecutive_skips = 20  # stop (or roll back) after this many non-finite steps in a row
+  c.rollback_on_skips = False  # then restart from the last checkpoint in quant.high_precision_recipe
+  c.max_rollbacks = 2  # rollbacks allowed before stopping with an error
 
   c.model = ml_collections.ConfigDict()
-  c.model.size = "tiny"  # a key of LLAMA_SIZES
+  c.model.name = "llama"  # llama | a key of VISION_MODELS (resnet18, resnet50, unet_tiny, ...)
+  c.model.size = "tiny"  # llama: a key of LLAMA_SIZES
+  c.model.num_classes = 0  # classification: 0 = the dataset's number of classes
+  c.model.stem = ""  # resnet: "imagenet" (7x7/2 + max-pool) | "small" (3x3/1); "" = by image size
   c.model.remat = False  # recompute each block's activations in the backward pass
   c.model.scan_layers = True  # scan one block over the layers (fast compiles); off: unrolled
   c.model.vocab_size = 0  # 0: the tokenizer's vocabulary size
@@ -81,7 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.compute_dtype = "float32"  # activations (bfloat16 on GPUs)
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "embedded"  # embedded (offline Python stdlib corpus) | text | tfds
+  c.data.source = "embedded"  # text: embedded (offline stdlib corpus) | text | tfds; images: digits | tfds
   c.data.path = ""  # text: a file or glob
   c.data.tfds_name = ""  # tfds: e.g. "c4/en" (prepared as array_record)
   c.data.tfds_data_dir = ""  # tfds: data_dir ("" = TFDS default)
@@ -89,6 +102,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.tokenizer = "byte"  # "byte" or the path of a SentencePiece .model file
   c.data.cache_dir = ""  # tokenized-corpus cache ("" = $LPJAX_CACHE_DIR or ~/.cache/lpjax)
   c.data.prefetch = 4  # batches computed ahead by grain threads
+  c.data.image_size = 0  # images: side of the (square) training images; 0 = the dataset's
+  c.data.classes = ""  # images: "imagenet100" restricts imagenet2012 to its 100-class list
+  c.data.augment = True  # images: the dataset's standard training augmentation
   c.data.seq_len_schedule = ""  # curriculum "64:0.2,128:0.5": seq_len 64 for the first 20% ...
 
   c.optimizer = ml_collections.ConfigDict()
@@ -108,7 +124,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.state_dtype = "float32"  # optimizer moments: float32 | bfloat16 (stochastic rounding)
 
   c.quant = ml_collections.ConfigDict()
-  c.quant.recipe = "bf16"  # a name of lpjax.quant.recipes.NAMES
+  c.quant.recipe = "bf16"  # a name of lpjax.quant.recipes.NAMES, or a "<name>:key=value" variant
   c.quant.policy = "default"  # default | pure (quantize embeddings and head too)
   c.quant.keep_first = 0  # first N blocks stay high precision
   c.quant.keep_last = 0  # last N blocks stay high precision
@@ -119,6 +135,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.quant.high_precision_recipe = "bf16"  # the recipe of warm-up, finish and fallback
   c.quant.loss_scale = False  # dynamic loss scaling (2^15, x2 / x0.5)
   c.quant.residuals = ""  # "" = the recipe's; "quantized": save FP4-packed operands for backward
+
+  c.diffusion = ml_collections.ConfigDict()
+  c.diffusion.schedule = "linear"  # noise schedule: linear (DDPM) | cosine (Nichol & Dhariwal)
+  c.diffusion.timesteps = 1000  # diffusion steps T
+  c.diffusion.sampler = "ddim"  # samples at each eval: ddim | ddpm
+  c.diffusion.sample_steps = 50  # ddim steps (ddpm always uses T)
+  c.diffusion.num_samples = 16  # images in the sample grid saved at each eval (0: none)
+  c.diffusion.fid_inception_path = ""  # an Inception-v3 .npz checkpoint: FID at each eval
+  c.diffusion.fid_num_samples = 1000  # generated images per FID estimate
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel axis (-1: all devices not used by fsdp / tensor)
@@ -133,6 +158,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.debug = ml_collections.ConfigDict()
   c.debug.nan_at_step = -1  # inject a NaN loss at this step (tests of the non-finite path)
+  c.debug.nan_only_quantized = False  # ... only while the quantized recipe runs (not in fallback)
   return c
 
 
@@ -220,41 +246,37 @@ def validate(config, device_count: int, process_count: int = 1):
   if unknown:
     raise ConfigError(f"Unknown config key(s): {', '.join(unknown)}. Valid keys are listed in "
                       "lpjax/train/config.py base_config(); check the spelling.")
-  if config.model.size not in LLAMA_SIZES:
-    raise ConfigError(f"model.size {config.model.size!r} is unknown; valid: {', '.join(LLAMA_SIZES)}.")
+  _check_types(config)
+  if config.task not in TASKS:
+    raise ConfigError(f"task {config.task!r} is unknown; valid: {', '.join(TASKS)}.")
   if config.optimizer.name not in OPTIMIZERS:
     raise ConfigError(f"optimizer.name {config.optimizer.name!r} is unknown; valid: {', '.join(OPTIMIZERS)}.")
   if config.optimizer.state_dtype not in STATE_DTYPES:
     raise ConfigError(f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}.")
   for field in ("recipe", "high_precision_recipe"):
-    if config.quant[field] not in recipes.NAMES:
-      raise ConfigError(f"quant.{field} {config.quant[field]!r} is unknown; valid: {', '.join(recipes.NAMES)}.")
+    value = config.quant[field]
+    try:
+      recipes.get(value)
+    except (ValueError, TypeError) as e:
+      if isinstance(value, str) and ":" in value:  # a variant: the spec parser names the problem
+        raise ConfigError(f"quant.{field}: {e} (grammar '<preset>:key=value,...', see "
+                          "lpjax/quant/recipe_spec.py).") from e
+      raise ConfigError(f"quant.{field} {value!r} is unknown; valid: {', '.join(recipes.NAMES)}, "
+                        "or a variant '<preset>:key=value,...' such as 'mxfp4:block_size=16' "
+                        "(lpjax/quant/recipe_spec.py).") from e
   if config.quant.residuals not in ("", "high_precision", "quantized"):
     raise ConfigError("quant.residuals must be '', 'high_precision' or 'quantized'.")
   if config.quant.policy not in ("default", "pure"):
     raise ConfigError("quant.policy must be 'default' or 'pure'.")
-  for name in ("steps", "batch_size", "seq_len"):
+  for name in ("steps", "batch_size", "seq_len", "log_every", "max_consecutive_skips"):
     if config[name] <= 0:
       raise ConfigError(f"{name} must be positive, got {config[name]}.")
-  size = LLAMA_SIZES[config.model.size]
-  if size.hidden % size.heads:
-    raise ConfigError("model hidden size must be divisible by the number of heads.")
-  if config.model.max_seq_len and config.seq_len > config.model.max_seq_len:
-    raise ConfigError(f"seq_len {config.seq_len} exceeds model.max_seq_len {config.model.max_seq_len}; "
-                      "lower seq_len or raise model.max_seq_len.")
-  for length, _ in _parse_schedule(config.data.seq_len_schedule):
-    if not 0 < length <= config.seq_len:
-      raise ConfigError(f"data.seq_len_schedule length {length} must be in (0, seq_len={config.seq_len}].")
-  tok = config.data.tokenizer
-  if tok not in ("byte", "bytes") and not os.path.isfile(tok):
-    raise ConfigError(f"data.tokenizer {tok!r} is neither 'byte' nor an existing SentencePiece "
-                      ".model file; give the path of the model file (e.g. T5's spiece.model).")
-  if config.data.source == "text" and not config.data.path:
-    raise ConfigError("data.source='text' needs data.path (a file or a glob).")
-  if config.data.source == "tfds" and not config.data.tfds_name:
-    raise ConfigError("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")
-  if config.data.source not in ("embedded", "text", "tfds"):
-    raise ConfigError(f"data.source {config.data.source!r} is unknown; valid: embedded, text, tfds.")
+  for name in ("eval_every", "eval_steps", "checkpoint_every", "keep_checkpoints", "max_rollbacks"):
+    if config[name] < 0:
+      raise ConfigError(f"{name} must be >= 0, got {config[name]}.")
+  if config.keep_checkpoints < 1:
+    raise ConfigError("keep_checkpoints must be >= 1 (the last checkpoint is what a crash resumes from).")
+  heads = _validate_task(config)
 
   fsdp, tensor, data = config.mesh.fsdp, config.mesh.tensor, config.mesh.data
   if fsdp < 1 or tensor < 1:
@@ -276,12 +298,92 @@ def validate(config, device_count: int, process_count: int = 1):
     raise ConfigError(f"batch_size {config.batch_size} is not divisible by grad_accum_steps "
                       f"{config.grad_accum_steps} x the {data * fsdp} batch shards; every microbatch "
                       "needs the same number of rows on each shard.")
-  if tensor > 1 and size.heads % tensor:
-    raise ConfigError(f"mesh.tensor {tensor} must divide the {size.heads} attention heads.")
+  if tensor > 1 and heads and heads % tensor:
+    raise ConfigError(f"mesh.tensor {tensor} must divide the {heads} attention heads.")
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.mesh.data = data
   return config
+
+
+def _check_types(config, reference=None, prefix=""):
+  """Each field has its default's type (an int where a float is expected is fine)."""
+  reference = reference if reference is not None else base_config()
+  for key, default in reference.items():
+    value, name = config[key], prefix + key
+    if isinstance(default, ml_collections.ConfigDict):
+      if not isinstance(value, ml_collections.ConfigDict):
+        raise ConfigError(f"{name} must be a section (ConfigDict), got {type(value).__name__}.")
+      _check_types(value, default, name + ".")
+      continue
+    expected = type(default)
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    ok = ok or (expected is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+      raise ConfigError(f"{name} must be a {expected.__name__} (like its default {default!r}), got "
+                        f"{value!r} of type {type(value).__name__}.")
+
+
+def _validate_task(config) -> int:
+  """Checks the model and data fields of config.task; returns the attention heads (0: none)."""
+  if config.task != "lm":
+    return _validate_vision(config)
+  if config.model.name != "llama":
+    raise ConfigError(f"task 'lm' trains model.name 'llama', got {config.model.name!r}; set "
+                      "task='classification' or 'diffusion' for the vision models.")
+  if config.model.size not in LLAMA_SIZES:
+    raise ConfigError(f"model.size {config.model.size!r} is unknown; valid: {', '.join(LLAMA_SIZES)}.")
+  size = LLAMA_SIZES[config.model.size]
+  if size.hidden % size.heads:
+    raise ConfigError("model hidden size must be divisible by the number of heads.")
+  if config.model.max_seq_len and config.seq_len > config.model.max_seq_len:
+    raise ConfigError(f"seq_len {config.seq_len} exceeds model.max_seq_len {config.model.max_seq_len}; "
+                      "lower seq_len or raise model.max_seq_len.")
+  for length, _ in _parse_schedule(config.data.seq_len_schedule):
+    if not 0 < length <= config.seq_len:
+      raise ConfigError(f"data.seq_len_schedule length {length} must be in (0, seq_len={config.seq_len}].")
+  tok = config.data.tokenizer
+  if tok not in ("byte", "bytes") and not os.path.isfile(tok):
+    raise ConfigError(f"data.tokenizer {tok!r} is neither 'byte' nor an existing SentencePiece "
+                      ".model file; give the path of the model file (e.g. T5's spiece.model).")
+  if config.data.source == "text" and not config.data.path:
+    raise ConfigError("data.source='text' needs data.path (a file or a glob).")
+  if config.data.source == "tfds" and not config.data.tfds_name:
+    raise ConfigError("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")
+  if config.data.source not in ("embedded", "text", "tfds"):
+    raise ConfigError(f"data.source {config.data.source!r} is unknown; valid: embedded, text, tfds.")
+  return size.heads
+
+
+def _validate_vision(config) -> int:
+  models = VISION_MODELS[config.task]
+  if config.model.name not in models:
+    raise ConfigError(f"model.name {config.model.name!r} is not a {config.task} model; valid: "
+                      f"{', '.join(models)}.")
+  if config.data.source not in IMAGE_SOURCES:
+    raise ConfigError(f"data.source {config.data.source!r} is not an image source; valid: "
+                      f"{', '.join(IMAGE_SOURCES)} (digits needs no download).")
+  if config.data.source == "tfds" and not config.data.tfds_name:
+    raise ConfigError("data.source='tfds' needs data.tfds_name, e.g. 'cifar10' or 'imagenet2012'.")
+  if config.data.classes not in ("", "imagenet100"):
+    raise ConfigError(f"data.classes {config.data.classes!r} is unknown; valid: '' or 'imagenet100'.")
+  if config.data.image_size < 0:
+    raise ConfigError(f"data.image_size must be >= 0, got {config.data.image_size}.")
+  if config.model.stem not in ("", "imagenet", "small"):
+    raise ConfigError("model.stem must be '', 'imagenet' or 'small'.")
+  if config.grad_accum_steps != 1 and config.model.name.startswith("resnet"):
+    raise ConfigError("grad_accum_steps > 1 would change BatchNorm statistics; use 1 for ResNets.")
+  d = config.diffusion
+  if d.schedule not in ("linear", "cosine"):
+    raise ConfigError(f"diffusion.schedule {d.schedule!r} is unknown; valid: linear, cosine.")
+  if d.sampler not in ("ddim", "ddpm"):
+    raise ConfigError(f"diffusion.sampler {d.sampler!r} is unknown; valid: ddim, ddpm.")
+  if d.timesteps < 2 or not 0 < d.sample_steps <= d.timesteps:
+    raise ConfigError("diffusion.timesteps must be >= 2 and 0 < diffusion.sample_steps <= timesteps.")
+  if d.fid_inception_path and not os.path.isfile(d.fid_inception_path):
+    raise ConfigError(f"diffusion.fid_inception_path {d.fid_inception_path!r} does not exist; give "
+                      "the path of an Inception-v3 .npz checkpoint (see lpjax/models/fid.py) or ''.")
+  return 0
 
 
 def seq_len_at(config, step: int) -> int:

@@ -19,20 +19,51 @@ import os
 import time
 
 
-class MetricWriter:
-  """Appends one JSON line per write; mirrors scalars to TensorBoard when tensorboardX exists."""
+def truncate_after(path: str, step: int):
+  """Drops the lines of a metrics.jsonl logged after `step` (atomically), and a torn last line.
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+  A run resumed from the checkpoint at `step` logs those steps again, so the file ends up the same
+  as an uninterrupted run's.
+  """
+  if not os.path.exists(path):
+    return
+  kept = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:  # a line torn by a crash mid-write
+        continue
+      if record.get("step", 0) <= step:
+        kept.append(json.dumps(record) + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+class MetricWriter:
+  """Appends one JSON line per write; mirrors scalars to TensorBoard when tensorboardX exists.
+
+  `resume_step`: the step a resumed run restarts from; later records of the interrupted run are
+  dropped (metrics.jsonl) or purged (TensorBoard's purge_step).
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True,
+               resume_step: int | None = None):
     self.enabled = enabled
     self._tb = None
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self._file = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
+    path = os.path.join(workdir, "metrics.jsonl")
+    truncate_after(path, resume_step if resume_step is not None else 0)
+    self._file = open(path, "a", buffering=1)
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        purge = None if not resume_step else resume_step + 1
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
       except ImportError:
         logging.warning("tensorboardX is not installed; metrics go to metrics.jsonl only.")
 
@@ -56,10 +87,12 @@ class MetricWriter:
 
 
 class Progress:
-  """A tqdm bar showing loss, tokens/s and the ETA (plain log lines when tqdm is off)."""
+  """A tqdm bar showing loss, units (tokens, images) per second and the ETA."""
 
-  def __init__(self, start_step: int, total_steps: int, tokens_per_step: int, enabled: bool):
-    self.tokens_per_step = tokens_per_step
+  def __init__(self, start_step: int, total_steps: int, units_per_step: float, enabled: bool,
+               unit: str = "tok"):
+    self.units_per_step = units_per_step  # the caller may update it (variable sequence lengths)
+    self.unit = unit
     self.last_time = time.perf_counter()
     self.last_step = start_step
     self._bar = None
@@ -68,15 +101,15 @@ class Progress:
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
   def update(self, step: int, loss: float) -> float:
-    """Advances to `step`; returns tokens/s since the previous update."""
+    """Advances to `step`; returns units/s since the previous update."""
     now = time.perf_counter()
     steps = max(step - self.last_step, 1)
-    tokens_per_second = steps * self.tokens_per_step / max(now - self.last_time, 1e-9)
+    per_second = steps * self.units_per_step / max(now - self.last_time, 1e-9)
     if self._bar is not None:
       self._bar.update(step - self.last_step)
-      self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}")
+      self._bar.set_postfix({"loss": f"{loss:.4f}", f"{self.unit}/s": f"{per_second:,.0f}"})
     self.last_time, self.last_step = now, step
-    return tokens_per_second
+    return per_second
 
   def restart_clock(self):
     """Excludes the time since the last update (e.g. an evaluation) from tokens/s."""

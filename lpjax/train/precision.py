@@ -33,6 +33,11 @@ class PrecisionController:
   def observe(self, step: int, loss: float):
     self.state = self.schedule.observe(self.state, step, loss)
 
+  def force_fallback(self, step: int):
+    """The high-precision recipe for quant.fallback_steps steps from `step` (after a rollback)."""
+    until = step + self.schedule.fallback_steps
+    self.state = self.state._replace(fallback_until=max(self.state.fallback_until, until))
+
   def dump(self) -> dict:
     return {"losses": list(self.state.losses), "fallback_until": self.state.fallback_until}
 

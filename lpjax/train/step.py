@@ -1,4 +1,4 @@
-"""The train state and the jitted train and eval steps.
+"""The train state and the jitted train and eval steps, for any `lpjax.train.tasks.Task`.
 
 One train step: forward and backward through the quantized GEMMs of the active recipe (SR keys
 derived from (seed, step)), optional dynamic loss scaling, a skipped update when the loss or a
@@ -6,10 +6,15 @@ gradient is non-finite, then the optax update. The state is a plain pytree, so o
 and NamedSharding places it.
 
 Examples:
-  >>> import jax, jax.numpy as jnp
-  >>> loss, count = cross_entropy(jnp.zeros((1, 2, 4)), jnp.array([[0, 3]]))
-  >>> round(float(loss), 4), count   # ln 4
-  (1.3863, 2)
+  >>> import jax, jax.numpy as jnp, optax
+  >>> def loss_fn(params, model_state, batch, key, recipe):
+  ...   return jnp.mean((batch["x"] * params["w"] - batch["y"]) ** 2), (model_state, {})
+  >>> step = make_train_step(loss_fn, optax.sgd(0.1))
+  >>> state = init_state({"w": jnp.array(0.0)}, None, optax.sgd(0.1))
+  >>> batch = {"x": jnp.ones(4), "y": jnp.full(4, 2.0)}
+  >>> state, metrics = step(state, batch, jax.random.key(0), recipe=None)
+  >>> round(float(state.params["w"]), 6), float(metrics["loss"]), int(state.step)  # w += 0.1*2*2
+  (0.4, 4.0, 1)
 """
 
 from __future__ import annotations
@@ -29,45 +34,54 @@ from lpjax import optim
 class TrainState:
   step: jax.Array  # int32: optimizer steps taken
   params: Any  # model parameters (an nnx.State)
+  model_state: Any  # non-trained model variables (BatchNorm statistics), or None
   opt_state: Any  # optax state
   loss_scale: Any  # optim.DynamicLossScale, or None
   skipped: jax.Array  # int32: updates skipped for non-finite loss or gradients, in total
   consecutive_skips: jax.Array  # int32: ... in a row, up to now
 
 
-def cross_entropy(logits, targets):
-  """(mean token loss, token count) of float32 softmax cross-entropy."""
-  logits = logits.astype(jnp.float32)
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  return jnp.mean(loss), loss.size
+def init_state(params, model_state, tx: optax.GradientTransformation, *,
+               loss_scale: bool = False) -> TrainState:
+  """A fresh TrainState at step 0."""
+  zero = jnp.zeros([], jnp.int32)
+  return TrainState(step=zero, params=params, model_state=model_state, opt_state=tx.init(params),
+                    loss_scale=optim.DynamicLossScale() if loss_scale else None, skipped=zero,
+                    consecutive_skips=zero)
 
 
-def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
-                    grad_accum_steps: int = 1):
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
+                    nan_only_quantized: bool = False, grad_accum_steps: int = 1):
   """train_step(state, batch, key, recipe) -> (state, metrics); `recipe` is static.
 
-  apply_fn(params, tokens, recipe, key) -> logits. With grad_accum_steps = k > 1 the batch is
-  split into k microbatches (rows i, i + k, ... form microbatch i, so a batch sharded by rows
-  stays local), their gradients are averaged, and the optimizer steps once: the same update as
-  one big batch, with about 1/k of the activation memory.
+  loss_fn(params, model_state, batch, key, recipe) -> (loss, (model_state, {name: scalar})), as
+  `Task.loss`. With grad_accum_steps = k > 1 the batch is split into k microbatches (rows i,
+  i + k, ... form microbatch i, so a batch sharded by rows stays local), their gradients are
+  averaged, and the optimizer steps once: the same update as one big batch, with about 1/k of the
+  activation memory (model_state, e.g. BatchNorm statistics, is threaded through the microbatches).
+  A non-finite loss or gradient skips the update: params, optimizer and model state are kept.
+  `nan_at_step` injects a NaN loss at that step (only under the quantized recipe, i.e. recipe None,
+  with `nan_only_quantized`).
   """
 
-  def grads_of(params, batch, step_key, step, loss_scale, recipe):
-    def loss_fn(params):
-      logits = apply_fn(params, batch["inputs"], recipe, step_key)
-      loss, _ = cross_entropy(logits, batch["targets"])
-      if nan_at_step >= 0:  # debug: inject a non-finite loss at one step
+  def grads_of(params, model_state, batch, step_key, step, loss_scale, recipe):
+    def scaled_loss(params):
+      loss, (new_model_state, aux) = loss_fn(params, model_state, batch, step_key, recipe)
+      loss = loss.astype(jnp.float32)
+      inject = nan_at_step >= 0 and not (nan_only_quantized and recipe is not None)
+      if inject:  # debug: a non-finite loss at one step (reliability tests); recipe None = quantized
         loss = jnp.where(step == nan_at_step, jnp.nan, loss)
       scaled = loss_scale.scale(loss) if loss_scale is not None else loss
-      return scaled, loss
+      return scaled, (loss, new_model_state, aux)
 
-    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return loss, grads
+    (_, (loss, new_model_state, aux)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+    return loss, new_model_state, aux, grads
 
-  def train_step(state: TrainState, batch, key, recipe: str):
+  def train_step(state: TrainState, batch, key, recipe):
     step_key = jax.random.fold_in(key, state.step)
     if grad_accum_steps == 1:
-      loss, grads = grads_of(state.params, batch, step_key, state.step, state.loss_scale, recipe)
+      loss, model_state, aux, grads = grads_of(state.params, state.model_state, batch, step_key,
+                                               state.step, state.loss_scale, recipe)
     else:
       k = grad_accum_steps
       micro = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]),
@@ -75,15 +89,17 @@ def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, nan
 
       def body(carry, inputs):
         i, mb = inputs
-        loss, grads = grads_of(state.params, mb, jax.random.fold_in(step_key, i), state.step,
-                               state.loss_scale, recipe)
-        total_loss, total_grads = carry
-        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads)), None
+        total_loss, total_grads, model_state = carry
+        loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
+                                                 jax.random.fold_in(step_key, i), state.step,
+                                                 state.loss_scale, recipe)
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads), model_state), aux
 
       zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-      (loss, grads), _ = jax.lax.scan(body, (jnp.zeros([], jnp.float32), zeros),
-                                      (jnp.arange(k), micro))
+      (loss, grads, model_state), aux = jax.lax.scan(
+          body, (jnp.zeros([], jnp.float32), zeros, state.model_state), (jnp.arange(k), micro))
       loss = loss / k
+      aux = jax.tree.map(lambda a: jnp.mean(a, axis=0), aux)
       grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grads, state.params)
     loss_scale = state.loss_scale
     if loss_scale is not None:
@@ -97,24 +113,14 @@ def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, nan
     new_state = TrainState(
         step=state.step + 1,
         params=keep(new_params, state.params),
+        model_state=keep(model_state, state.model_state),
         opt_state=keep(new_opt_state, state.opt_state),
         loss_scale=loss_scale,
         skipped=state.skipped + (~finite).astype(jnp.int32),
         consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32))
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "finite": finite}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite, **aux}
     if loss_scale is not None:
       metrics["loss_scale"] = loss_scale.loss_scale
     return new_state, metrics
 
   return train_step
-
-
-def make_eval_step(apply_fn: Callable):
-  """eval_step(params, batch, recipe) -> (sum of token losses, token count); `recipe` static."""
-
-  def eval_step(params, batch, recipe: str):
-    logits = apply_fn(params, batch["inputs"], recipe, jax.random.key(0))
-    loss, count = cross_entropy(logits, batch["targets"])
-    return loss * count, count
-
-  return eval_step

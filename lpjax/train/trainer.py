@@ -1,34 +1,36 @@
 """train_and_evaluate(config, workdir): the training program behind train.py.
 
-Builds the mesh, data, model, optimizer and train state (placed with NamedSharding), resumes
-from the newest complete checkpoint in the workdir, trains with periodic evaluation (with the
-training quantization and with quantization off) and checkpoints, and writes
-<workdir>/results.json, metrics.jsonl and TensorBoard event files.
+Builds the mesh, the task (data + model: LLaMA, ResNet or U-Net), the optimizer and the train
+state (placed with NamedSharding), resumes from the newest complete checkpoint in the workdir,
+trains with periodic evaluation (with the training quantization and with quantization off) and
+checkpoints, and writes <workdir>/results.json, metrics.jsonl and TensorBoard event files.
+
+Faults (docs/reliability.md): a non-finite loss or gradient skips the update; after
+`max_consecutive_skips` skips in a row the run rolls back to the last checkpoint with the
+high-precision recipe (`rollback_on_skips`) or stops with an error naming that checkpoint.
+SIGTERM / SIGINT (preemption) write a checkpoint at the end of the current step and exit.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import math
 import os
+import signal
+import threading
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from lpjax import data as lpdata
-from lpjax import optim
-from lpjax.models import llama
 from lpjax.train import config as cfg_lib
 from lpjax.train import sharding as shd
 from lpjax.train.checkpoint import Checkpointer
 from lpjax.train.metrics import MetricWriter, Progress
 from lpjax.train.optimizers import make_optimizer
 from lpjax.train.precision import PrecisionController
-from lpjax.train.step import TrainState, make_eval_step, make_train_step
+from lpjax.train.step import TrainState, init_state, make_train_step
+from lpjax.train.tasks import make_task
 
 FP_RECIPE = "fp32"  # evaluation with quantization off
 log = logging.getLogger("lpjax.train")
@@ -57,6 +59,35 @@ def _global_batch(local_batch: dict, sharding) -> dict:
           for k, v in local_batch.items()}
 
 
+class _StopSignals:
+  """Turns SIGTERM / SIGINT into a flag the loop checks after each step (main thread only)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.received is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop now
+      raise KeyboardInterrupt
+    self.received = signum
+    log.warning("Received %s: checkpointing after this step, then exiting.",
+                signal.Signals(signum).name)
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False
+
+
 class Trainer:
   """The pieces of one run; `run()` trains. Notebooks can use the pieces directly."""
 
@@ -68,43 +99,32 @@ class Trainer:
     self.is_main = jax.process_index() == 0
     os.makedirs(self.workdir, exist_ok=True)
     self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
-    d = config.data
-    self.dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
-                                       tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
-                                       cache_dir=d.cache_dir or None, text_key=d.text_key)
-    self.model_config = llama.LlamaConfig.from_config(config, self.dataset.vocab_size)
-    self.graphdef, _ = llama.abstract_model(self.model_config)
+    self.task = make_task(config)
     self.tx = make_optimizer(config)
     self.batch_sharding = shd.batch_sharding(self.mesh)
-    self.replicated = shd.replicated(self.mesh)
     self.precision = PrecisionController(config)
-    apply_fn = functools.partial(llama.apply, self.graphdef, self.model_config)
-    self._train_step = make_train_step(apply_fn, self.tx, nan_at_step=config.debug.nan_at_step,
+    self._train_step = make_train_step(self.task.loss, self.tx, nan_at_step=config.debug.nan_at_step,
+                                       nan_only_quantized=config.debug.nan_only_quantized,
                                        grad_accum_steps=config.grad_accum_steps)
-    self._eval_step = make_eval_step(apply_fn)
     self._compiled = {}
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                      keep=config.keep_checkpoints)
+    self.stop_signal = None  # the signal number that stopped the last run(), if any
 
   # --- state ----------------------------------------------------------------------------------
 
   def init_state(self) -> TrainState:
-    key = jax.random.key(self.config.seed)
-
     def init(key):
-      params = llama.init_params(self.model_config, key)
-      loss_scale = optim.DynamicLossScale() if self.config.quant.loss_scale else None
-      zero = jnp.zeros([], jnp.int32)
-      return TrainState(step=zero, params=params, opt_state=self.tx.init(params),
-                        loss_scale=loss_scale, skipped=zero, consecutive_skips=zero)
+      params, model_state = self.task.init_variables(key)
+      return init_state(params, model_state, self.tx, loss_scale=self.config.quant.loss_scale)
 
+    key = jax.random.key(self.config.seed)
     abstract = jax.eval_shape(init, key)
-    shardings = self.state_shardings(abstract)
-    return jax.jit(init, out_shardings=shardings)(key)
+    return jax.jit(init, out_shardings=self.state_shardings(abstract))(key)
 
   def state_shardings(self, abstract_state):
     """Params by the partition rules; optimizer moments like the params they mirror."""
-    return shd.tree_shardings(abstract_state, self.mesh, llama.PARTITION_RULES)
+    return shd.tree_shardings(abstract_state, self.mesh, self.task.partition_rules)
 
   def restore_or_init(self):
     state = self.init_state()
@@ -116,110 +136,179 @@ class Trainer:
 
   # --- steps ----------------------------------------------------------------------------------
 
-  def train_step(self, recipe: str):
+  def train_step(self, recipe):
     if ("train", recipe) not in self._compiled:
-      log.info("Compiling the train step for recipe %s.", recipe)
-      fn = functools.partial(self._train_step, recipe=recipe)
-      self._compiled[("train", recipe)] = jax.jit(fn, donate_argnums=(0,))
+      log.info("Compiling the train step for recipe %s.", recipe or self.config.quant.recipe)
+
+      def step(state, batch, key):
+        return self._train_step(state, batch, key, recipe)
+      self._compiled[("train", recipe)] = jax.jit(step, donate_argnums=(0,))
     return self._compiled[("train", recipe)]
 
-  def eval_step(self, recipe: str):
+  def eval_step(self, recipe):
     if ("eval", recipe) not in self._compiled:
-      self._compiled[("eval", recipe)] = jax.jit(functools.partial(self._eval_step, recipe=recipe))
+      def sums(params, model_state, batch):
+        return self.task.eval_sums(params, model_state, batch, recipe)
+      self._compiled[("eval", recipe)] = jax.jit(sums)
     return self._compiled[("eval", recipe)]
 
-  def evaluate(self, params, recipe: str) -> tuple[float, float]:
-    c = self.config
-    total, count = 0.0, 0
-    for i in range(c.eval_steps):
-      local = self.dataset.eval_batch(i, c.batch_size, c.seq_len, jax.process_index(),
-                                      jax.process_count())
-      loss_sum, n = self.eval_step(recipe)(params, _global_batch(local, self.batch_sharding))
-      total += float(loss_sum)
-      count += int(n)
-    loss = total / max(count, 1)
-    return loss, math.exp(min(loss, 50.0))
+  def evaluate(self, params, model_state, recipe) -> dict:
+    """{metric: value} of the task's evaluation with `recipe` (None: the training recipes)."""
+    totals = {}
+    for local in self.task.eval_batches(jax.process_index(), jax.process_count()):
+      sums = self.eval_step(recipe)(params, model_state, _global_batch(local, self.batch_sharding))
+      for k, v in jax.device_get(sums).items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    return self.task.eval_summary(totals)
 
   # --- the loop -------------------------------------------------------------------------------
 
   def run(self, *, stop_after: int | None = None) -> dict:
-    """Trains to config.steps (or stops after `stop_after` steps, checkpointing there)."""
+    """Trains to config.steps (or stops after `stop_after` steps, checkpointing there).
+
+    Returns the results (also written to results.json); a run stopped early by `stop_after` or by
+    SIGTERM / SIGINT returns {"steps", "stopped": True} after checkpointing.
+    """
     c = self.config
     start_time = time.time()
     state, meta = self.restore_or_init()
-    start_step = int(state.step)
     self.precision.load(meta.get("precision", {}))
-    writer = MetricWriter(self.workdir, enabled=self.is_main)
+    rollbacks = int(meta.get("rollbacks", 0))
+    writer = MetricWriter(self.workdir, enabled=self.is_main, resume_step=int(state.step))
     if self.is_main:
       with open(os.path.join(self.workdir, "config.json"), "w") as f:
         f.write(c.to_json_best_effort(indent=2))
-    tokens_per_step = c.batch_size * c.seq_len
-    progress = Progress(start_step, c.steps, tokens_per_step, c.progress_bar and self.is_main)
-    batches = lpdata.batch_iterator(
-        self.dataset, start_step=start_step, batch_size=c.batch_size, seq_len=c.seq_len,
-        seed=c.seed, process_index=jax.process_index(), process_count=jax.process_count(),
-        num_steps=(min(c.steps, stop_after) if stop_after else c.steps) - start_step,
-        prefetch=c.data.prefetch,
-        seq_len_at=lambda s: cfg_lib.seq_len_at(c, s))
-    key = jax.random.key(c.seed + 1)
+    end_step = min(c.steps, stop_after) if stop_after else c.steps
+    units = int(meta.get("units", 0))
     last_loss, eval_metrics = float("nan"), {}
-    tokens = start_step * tokens_per_step
+    try:
+      with _StopSignals() as signals:
+        while True:
+          try:
+            state, units, last_loss, eval_metrics = self._train_until(
+                state, end_step, units, rollbacks, writer, signals)
+            break
+          except _Rollback as rb:
+            rollbacks += 1
+            state, units = rb.state, rb.units
+        self.stop_signal = signals.received
+    finally:
+      self.checkpointer.wait()
+    self.final_state = state
+    if int(state.step) < c.steps:
+      self.checkpointer.close()
+      writer.close()
+      return {"steps": int(state.step), "stopped": True, "signal": self.stop_signal}
+    if not eval_metrics or eval_metrics.get("step") != int(state.step):
+      eval_metrics = self._eval_and_log(state, int(state.step), writer)
+    self.checkpointer.close()
+    writer.close()
+    results = {"steps": int(state.step), self.task.unit: int(units),
+               "final_train_loss": last_loss}
+    for k, v in eval_metrics.items():
+      if k != "step":
+        results["final_" + k.replace("/", "_")] = v
+    results.update(skipped_steps=int(state.skipped), rollbacks=rollbacks,
+                   wall_time_s=time.time() - start_time, task=c.task, recipe=c.quant.recipe,
+                   optimizer=c.optimizer.name, **self.task.describe())
+    if self.is_main:
+      tmp = os.path.join(self.workdir, "results.json.tmp")
+      with open(tmp, "w") as f:
+        json.dump(results, f, indent=2)
+      os.replace(tmp, os.path.join(self.workdir, "results.json"))
+    return results
+
+  def _meta(self, units, rollbacks):
+    return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks}
+
+  def _train_until(self, state, end_step, units, rollbacks, writer, signals):
+    """Steps to end_step; returns (state, units, last logged loss, last eval metrics)."""
+    c = self.config
+    start_step = int(state.step)
+    progress = Progress(start_step, c.steps, 0, c.progress_bar and self.is_main,
+                        unit=self.task.unit[:3])
+    batches = self.task.batches(start_step, end_step - start_step, jax.process_index(),
+                                jax.process_count())
+    key = jax.random.key(c.seed + 1)
+    last_loss, eval_metrics, skipped_logged = float("nan"), {}, int(state.skipped)
+    units_at_log = units
     for step, local in batches:
       recipe = self.precision.recipe_at(step)
       state, metrics = self.train_step(recipe)(state, _global_batch(local, self.batch_sharding), key)
-      tokens += local["inputs"].shape[1] * c.batch_size
+      units += self.task.units_in(local)
       done = step + 1
-      if done % c.log_every == 0 or done == c.steps:
+      if done % c.log_every == 0 or done == end_step or signals.received:
         m = jax.device_get(metrics)
         last_loss = float(m["loss"])
         self.precision.observe(step, last_loss)
-        consecutive = int(state.consecutive_skips)
-        tok_s = progress.update(done, last_loss)
-        writer.write(done, {"train/loss": last_loss, "train/grad_norm": float(m["grad_norm"]),
-                            "train/tokens_per_second": tok_s, "train/skipped": int(state.skipped),
-                            "train/recipe_is_quantized": float(recipe != c.quant.high_precision_recipe)})
-        if consecutive >= c.max_consecutive_skips:
-          self.checkpointer.wait()
-          raise TrainingError(
-              f"{consecutive} non-finite steps in a row at step {done}; the last good checkpoint is "
-              f"step {self.checkpointer.latest_step()} in {self.checkpointer.directory}. Lower the "
-              "learning rate or use quant.high_precision_recipe / quant.fallback_factor.")
+        progress.units_per_step = (units - units_at_log) / max(done - progress.last_step, 1)
+        units_at_log = units
+        per_second = progress.update(done, last_loss)
+        skipped = int(state.skipped)
+        scalars = {"train/loss": last_loss, "train/grad_norm": float(m["grad_norm"]),
+                   f"train/{self.task.unit}_per_second": per_second, "train/skipped": skipped,
+                   "train/recipe_is_quantized": float(recipe != c.quant.high_precision_recipe)}
+        scalars.update({f"train/{k}": float(v) for k, v in m.items()
+                        if k not in ("loss", "grad_norm", "finite")})
+        writer.write(done, scalars)
+        if skipped > skipped_logged:
+          log.warning("step %d: %d update(s) skipped for a non-finite loss or gradient (%d in "
+                      "total).", done, skipped - skipped_logged, skipped)
+          skipped_logged = skipped
+        if int(state.consecutive_skips) >= c.max_consecutive_skips:
+          progress.close()
+          self._too_many_skips(state, done, rollbacks)  # raises _Rollback or TrainingError
       if c.eval_every and done % c.eval_every == 0 and done != c.steps:
-        eval_metrics = self._eval_and_log(state.params, done, writer)
+        eval_metrics = self._eval_and_log(state, done, writer)
         progress.restart_clock()
-      if (c.checkpoint_every and done % c.checkpoint_every == 0) or done in (c.steps, stop_after):
-        self.checkpointer.save(done, state, {"precision": self.precision.dump()})
+      if ((c.checkpoint_every and done % c.checkpoint_every == 0) or done == end_step
+          or signals.received):
+        self.checkpointer.save(done, state, self._meta(units, rollbacks))
+      if signals.received:
+        log.warning("Stopped by %s at step %d; the checkpoint resumes from there.",
+                    signal.Signals(signals.received).name, done)
+        break
     progress.close()
-    if stop_after is not None and int(state.step) < c.steps:
-      self.checkpointer.close()
-      writer.close()
-      self.final_state = state
-      return {"steps": int(state.step), "stopped": True}
-    if int(state.step) != start_step or not eval_metrics:
-      eval_metrics = self._eval_and_log(state.params, int(state.step), writer)
-    self.checkpointer.close()
-    writer.close()
-    results = {
-        "steps": int(state.step), "tokens": int(tokens), "final_train_loss": last_loss,
-        "final_eval_loss": eval_metrics["eval/loss"], "final_eval_ppl": eval_metrics["eval/ppl"],
-        "final_eval_loss_fp": eval_metrics["eval/loss_fp"],
-        "final_eval_ppl_fp": eval_metrics["eval/ppl_fp"],
-        "skipped_steps": int(state.skipped), "wall_time_s": time.time() - start_time,
-        "recipe": c.quant.recipe, "optimizer": c.optimizer.name, "model": c.model.size,
-    }
-    if self.is_main:
-      with open(os.path.join(self.workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    self.final_state = state
-    return results
+    return state, units, last_loss, eval_metrics
 
-  def _eval_and_log(self, params, step, writer) -> dict:
-    loss_q, ppl_q = self.evaluate(params, self.config.quant.recipe)
-    loss_fp, ppl_fp = self.evaluate(params, FP_RECIPE)
-    metrics = {"eval/loss": loss_q, "eval/ppl": ppl_q, "eval/loss_fp": loss_fp, "eval/ppl_fp": ppl_fp}
+  def _too_many_skips(self, state, done, rollbacks):
+    c = self.config
+    self.checkpointer.wait()
+    last_good = self.checkpointer.latest_step()
+    if c.rollback_on_skips and rollbacks < c.max_rollbacks and last_good is not None:
+      template = self.init_state()
+      step, restored, meta = self.checkpointer.restore_latest(template)
+      self.precision.load(meta.get("precision", {}))
+      self.precision.force_fallback(step)
+      log.warning("%d non-finite steps in a row at step %d: rolled back to the checkpoint of step "
+                  "%d; the next %d steps use %s (rollback %d of at most %d).",
+                  int(state.consecutive_skips), done, step, c.quant.fallback_steps,
+                  c.quant.high_precision_recipe, rollbacks + 1, c.max_rollbacks)
+      raise _Rollback(restored, int(meta.get("units", 0)))
+    where = (f"step {last_good} in {self.checkpointer.directory}" if last_good is not None
+             else "none (no checkpoint was written yet)")
+    raise TrainingError(
+        f"{int(state.consecutive_skips)} non-finite steps in a row at step {done}; the last good "
+        f"checkpoint is {where}. Lower optimizer.lr, set quant.loss_scale=True, use "
+        "quant.fallback_factor, or rollback_on_skips=True to restart from it in "
+        "quant.high_precision_recipe.")
+
+  def _eval_and_log(self, state, step, writer) -> dict:
+    quantized = self.evaluate(state.params, state.model_state, None)
+    full = self.evaluate(state.params, state.model_state, FP_RECIPE)
+    metrics = {f"eval/{k}": v for k, v in quantized.items()}
+    metrics.update({f"eval/{k}_fp": v for k, v in full.items()})
+    metrics.update({f"eval/{k}": v for k, v in self.task.after_eval(
+        state.params, state.model_state, step, self.workdir, self.is_main).items()})
     writer.write(step, metrics)
-    log.info("step %d: eval loss %.4f (ppl %.2f), full precision %.4f", step, loss_q, ppl_q, loss_fp)
-    return metrics
+    log.info("step %d: eval %s", step, ", ".join(f"{k[5:]} {v:.4g}" for k, v in metrics.items()))
+    return {"step": step, **metrics}
+
+
+class _Rollback(Exception):
+  def __init__(self, state, units):
+    super().__init__("rollback")
+    self.state, self.units = state, units
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
