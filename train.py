@@ -5,6 +5,7 @@
 """
 
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -26,11 +27,14 @@ def main(argv):
   workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(
       flags.FLAGS["config"].config_filename))[0])
   results = train_and_evaluate(config, workdir)
+  if results.get("stopped"):
+    print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "
+          "resumes it: run the same command again.")
+    sys.exit(128 + results["signal"] if results.get("signal") else 0)
   print(f"\nResults: {os.path.join(os.path.abspath(workdir), 'results.json')}")
   print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')} "
         f"(TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')})")
-  print({k: results[k] for k in ("steps", "final_train_loss", "final_eval_loss",
-                                  "final_eval_loss_fp", "wall_time_s")})
+  print({k: v for k, v in results.items() if k.startswith("final_") or k in ("steps", "wall_time_s")})
 
 
 if __name__ == "__main__":

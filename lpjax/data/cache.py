@@ -11,6 +11,7 @@ Examples:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 
@@ -34,28 +35,38 @@ def cached_splits(root: str, key: str, build) -> dict[str, np.ndarray]:
   """Returns {split: tokens}, building them once with `build()` into root/key/.
 
   A directory is complete when its manifest.json exists (written last); a half-written cache from
-  a crashed run is rebuilt.
+  a crashed run, or a corrupt one, is rebuilt (with a warning).
   """
   directory = os.path.join(root, key)
   manifest = os.path.join(directory, "manifest.json")
-  if not os.path.exists(manifest):
-    os.makedirs(directory, exist_ok=True)
-    splits = build()
-    for name, tokens in splits.items():
-      _atomic_save(os.path.join(directory, f"{name}.npy"), np.asarray(tokens))
-    info = {name: int(len(tokens)) for name, tokens in splits.items()}
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-      json.dump(info, f)
-    os.replace(tmp, manifest)
-  with open(manifest) as f:
+  if os.path.exists(manifest):
+    try:
+      return _load(directory)
+    except (OSError, ValueError) as e:
+      logging.getLogger("lpjax.data").warning("The token cache %s is corrupt (%s); rebuilding it.",
+                                              directory, e)
+      os.remove(manifest)
+  os.makedirs(directory, exist_ok=True)
+  splits = build()
+  for name, tokens in splits.items():
+    _atomic_save(os.path.join(directory, f"{name}.npy"), np.asarray(tokens))
+  info = {name: int(len(tokens)) for name, tokens in splits.items()}
+  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json")
+  with os.fdopen(fd, "w") as f:
+    json.dump(info, f)
+  os.replace(tmp, manifest)  # written last: its presence marks a complete cache
+  return _load(directory)
+
+
+def _load(directory):
+  with open(os.path.join(directory, "manifest.json")) as f:
     names = json.load(f)
-  try:
-    return {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
+  arrays = {name: np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
             for name in names}
-  except (OSError, ValueError) as e:
-    raise OSError(f"The token cache {directory} is corrupt ({e}); delete that directory and run "
-                  "again to rebuild it.") from e
+  for name, length in names.items():
+    if len(arrays[name]) != length:
+      raise ValueError(f"{name}.npy holds {len(arrays[name])} tokens, the manifest says {length}")
+  return arrays
 
 
 def smallest_uint(vocab_size: int):

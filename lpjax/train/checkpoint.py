@@ -54,15 +54,30 @@ class Checkpointer:
     return restored["state"], restored["meta"]
 
   def restore_latest(self, target):
-    """(step, state, meta) of the newest checkpoint that restores; older ones if it is corrupt."""
+    """(step, state, meta) of the newest checkpoint that restores; older ones if it is corrupt.
+
+    A checkpoint that fails to restore is renamed <step>.corrupt (kept for inspection, invisible to
+    later saves and restores) and the previous one is tried.
+    """
     for step in reversed(self.all_steps()):
       try:
         state, meta = self.restore(step, target)
         return step, state, meta
       except Exception as e:  # a partial or corrupt checkpoint: fall back to the previous one
-        logging.getLogger("lpjax.train").warning("Checkpoint %s/%d could not be restored (%s: %s); trying the previous one.",
-                        self.directory, step, type(e).__name__, e)
+        logging.getLogger("lpjax.train").warning(
+            "Checkpoint %s/%d could not be restored (%s: %s); moved it to %d.corrupt and trying the "
+            "previous one.", self.directory, step, type(e).__name__, str(e)[:200], step)
+        self._set_aside(step)
     return None, None, None
+
+  def _set_aside(self, step: int):
+    if jax.process_index() == 0:
+      source = os.path.join(self.directory, str(step))
+      target, n = source + ".corrupt", 1
+      while os.path.exists(target):
+        target, n = f"{source}.corrupt{n}", n + 1
+      os.replace(source, target)
+    self._manager.reload()
 
   def wait(self):
     self._manager.wait_until_finished()

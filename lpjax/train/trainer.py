@@ -257,7 +257,7 @@ class Trainer:
           skipped_logged = skipped
         if int(state.consecutive_skips) >= c.max_consecutive_skips:
           progress.close()
-          self._too_many_skips(state, done, rollbacks)  # raises _Rollback or TrainingError
+          self._too_many_skips(state, done, rollbacks, writer)  # raises _Rollback or TrainingError
       if c.eval_every and done % c.eval_every == 0 and done != c.steps:
         eval_metrics = self._eval_and_log(state, done, writer)
         progress.restart_clock()
@@ -271,7 +271,7 @@ class Trainer:
     progress.close()
     return state, units, last_loss, eval_metrics
 
-  def _too_many_skips(self, state, done, rollbacks):
+  def _too_many_skips(self, state, done, rollbacks, writer):
     c = self.config
     self.checkpointer.wait()
     last_good = self.checkpointer.latest_step()
@@ -284,6 +284,7 @@ class Trainer:
                   "%d; the next %d steps use %s (rollback %d of at most %d).",
                   int(state.consecutive_skips), done, step, c.quant.fallback_steps,
                   c.quant.high_precision_recipe, rollbacks + 1, c.max_rollbacks)
+      writer.write(done, {"event/rollback_to_step": step})  # steps after it are logged again
       raise _Rollback(restored, int(meta.get("units", 0)))
     where = (f"step {last_good} in {self.checkpointer.directory}" if last_good is not None
              else "none (no checkpoint was written yet)")

@@ -100,11 +100,19 @@ def test_text_files_split_by_file_deterministically(tmp_path):
     data.text_dataset(str(tmp_path / "*.md"), cache_root=str(tmp_path))
 
 
-def test_corrupt_cache_is_reported(tmp_path):
-  cache.cached_splits(str(tmp_path), "k", lambda: {"train": np.arange(10, dtype=np.uint16)})
-  (tmp_path / "k" / "train.npy").write_bytes(b"garbage")
-  with pytest.raises(OSError, match="corrupt.*delete"):
-    cache.cached_splits(str(tmp_path), "k", lambda: {})
+@pytest.mark.parametrize("damage", [b"garbage", None])
+def test_corrupt_cache_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
+  build = lambda: {"train": np.arange(10, dtype=np.uint16)}
+  cache.cached_splits(str(tmp_path), "k", build)
+  path = tmp_path / "k" / "train.npy"
+  if damage is None:  # a truncated file: valid header, fewer tokens than the manifest says
+    np.save(path, np.arange(4, dtype=np.uint16))
+  else:
+    path.write_bytes(damage)
+  with caplog.at_level("WARNING", logger="lpjax.data"):
+    arrays = cache.cached_splits(str(tmp_path), "k", build)
+  assert arrays["train"].tolist() == list(range(10))
+  assert "corrupt" in caplog.text and "rebuilding" in caplog.text
 
 
 def test_tfds_c4_through_mock_data():

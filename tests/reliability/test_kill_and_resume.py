@@ -1,0 +1,138 @@
+"""A real train.py process killed with SIGKILL (between checkpoints, or during a checkpoint write)
+or stopped with SIGTERM resumes to bit-identical parameters, optimizer state and metrics.
+
+The runs use MXFP4 with stochastic rounding (random bits from (seed, step)) and Stable-SPAM, one
+CPU device, and share the persistent compile cache so only the first run compiles.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS, EVERY = 300, 25
+FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=32",
+         f"--config.checkpoint_every={EVERY}", "--config.eval_every=0", "--config.eval_steps=1",
+         "--config.log_every=5", "--config.progress_bar=False", "--config.optimizer.warmup_steps=10",
+         "--config.keep_checkpoints=2"]
+
+
+def _env():
+  env = dict(os.environ)
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=REPO,
+             JAX_COMPILATION_CACHE_DIR=os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return env
+
+
+def _start(workdir):
+  cmd = [sys.executable, os.path.join(REPO, "train.py"),
+         f"--config={os.path.join(REPO, 'configs', 'llama_tiny_mxfp4.py')}", f"--workdir={workdir}",
+         *FLAGS]
+  return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc, timeout=600):
+  out, _ = proc.communicate(timeout=timeout)
+  return proc.returncode, out
+
+
+def _wait_for(proc, predicate, timeout=600):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return True
+    if proc.poll() is not None:
+      return False
+    time.sleep(0.02)
+  return False
+
+
+def _steps(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+
+
+def _writing(workdir):
+  d = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(d) and any("tmp" in n for n in os.listdir(d))
+
+
+def _final_state(workdir):
+  path = os.path.join(workdir, "checkpoints", str(STEPS), "state")
+  with ocp.StandardCheckpointer() as ckpt:
+    return ckpt.restore(path)
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(l) for l in f]
+  return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  code, out = _finish(_start(workdir))
+  assert code == 0, out[-3000:]
+  return workdir
+
+
+def _assert_same_run(resumed, reference):
+  import jax
+  a, b = _final_state(resumed), _final_state(reference)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    x, y = np.atleast_1d(np.asarray(x)), np.atleast_1d(np.asarray(y))
+    assert x.dtype == y.dtype and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+  assert _losses(resumed) == _losses(reference)  # no duplicated or missing steps either
+  r1 = json.load(open(os.path.join(resumed, "results.json")))
+  r2 = json.load(open(os.path.join(reference, "results.json")))
+  for key in ("steps", "tokens", "final_train_loss", "final_eval_loss", "final_eval_loss_fp"):
+    assert r1[key] == r2[key], key
+
+
+@pytest.mark.parametrize("moment", ["between_checkpoints", "during_checkpoint_write"])
+def test_sigkill_then_restart_is_bit_identical(tmp_path, reference, moment):
+  workdir = str(tmp_path)
+  proc = _start(workdir)
+  if moment == "between_checkpoints":
+    seen = _wait_for(proc, lambda: _steps(workdir) and _steps(workdir)[-1] >= EVERY)
+  else:  # orbax writes <step>.orbax-checkpoint-tmp-* and renames it when complete
+    seen = _wait_for(proc, lambda: _writing(workdir) and _steps(workdir))
+  assert seen and proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  code, _ = _finish(proc)
+  assert code == -signal.SIGKILL
+  assert _steps(workdir)[-1] < STEPS
+  code, out = _finish(_start(workdir))
+  assert code == 0, out[-3000:]
+  assert "Resumed from" in out
+  _assert_same_run(workdir, reference)
+
+
+def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path, reference):
+  workdir = str(tmp_path)
+  proc = _start(workdir)
+  assert _wait_for(proc, lambda: _steps(workdir) and _steps(workdir)[-1] >= EVERY)
+  proc.send_signal(signal.SIGTERM)
+  code, out = _finish(proc)
+  assert code == 128 + signal.SIGTERM, out[-3000:]
+  assert "Received SIGTERM" in out and "resumes it" in out
+  stopped_at = _steps(workdir)[-1]
+  assert EVERY <= stopped_at < STEPS
+  assert f"Stopped by SIGTERM at step {stopped_at}" in out  # saved where it stopped
+  code, out = _finish(_start(workdir))
+  assert code == 0, out[-3000:]
+  assert f"at step {stopped_at}" in out
+  _assert_same_run(workdir, reference)

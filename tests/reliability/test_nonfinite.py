@@ -1,0 +1,79 @@
+"""Non-finite steps: skipped (state unchanged), counted, loss scale backed off; too many in a row
+stop with an error naming the last good checkpoint, or roll back in high precision."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from small import small  # noqa: E402
+
+from lpjax.train.trainer import Trainer, TrainingError  # noqa: E402
+
+
+def metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(l) for l in f]
+
+
+def same(a, b):
+  return all(np.array_equal(np.asarray(x), np.asarray(y))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_a_nan_step_is_skipped_and_counted(tmp_path):
+  with_nan = Trainer(small(steps=3, **{"debug.nan_at_step": 2}), str(tmp_path / "nan"))
+  results = with_nan.run()
+  two_steps = Trainer(small(steps=3), str(tmp_path / "two"))  # same lr schedule, stopped at 2
+  two_steps.run(stop_after=2)
+  s_nan, s_two = with_nan.final_state, two_steps.final_state
+  assert results["skipped_steps"] == 1 and int(s_nan.skipped) == 1
+  assert int(s_nan.consecutive_skips) == 1
+  # The skipped (third) update changed nothing: params and optimizer state as after two steps.
+  assert same(s_nan.params, s_two.params) and same(s_nan.opt_state, s_two.opt_state)
+  records = {r["step"]: r for r in metrics(str(tmp_path / "nan")) if "train/loss" in r}
+  assert np.isnan(records[3]["train/loss"]) and records[3]["train/skipped"] == 1
+  assert records[2]["train/skipped"] == 0
+
+
+def test_dynamic_loss_scale_backs_off_on_a_nan(tmp_path):
+  Trainer(small(steps=3, **{"debug.nan_at_step": 1, "quant.loss_scale": True}), str(tmp_path)).run()
+  scale = {r["step"]: r["train/loss_scale"] for r in metrics(str(tmp_path)) if "train/loss" in r}
+  assert scale[1] == 2.0**15 and scale[2] == 2.0**14 and scale[3] == 2.0**14
+
+
+def test_consecutive_skips_stop_with_the_last_good_checkpoint(tmp_path):
+  c = small(steps=6, **{"debug.nan_at_step": 3, "max_consecutive_skips": 1, "checkpoint_every": 2})
+  with pytest.raises(TrainingError, match=r"last good checkpoint is step 2 in .*checkpoints"):
+    Trainer(c, str(tmp_path)).run()
+
+
+def test_rollback_restarts_from_the_checkpoint_in_high_precision(tmp_path):
+  c = small("mxfp4_naive", steps=6, **{
+      "debug.nan_at_step": 3, "debug.nan_only_quantized": True, "max_consecutive_skips": 1,
+      "checkpoint_every": 2, "rollback_on_skips": True, "quant.fallback_steps": 2})
+  results = Trainer(c, str(tmp_path)).run()
+  assert results["steps"] == 6 and results["rollbacks"] == 1 and results["skipped_steps"] == 0
+  records = [r for r in metrics(str(tmp_path)) if "train/loss" in r]
+  # Step 4 (index 3) failed in mxfp4 and stays logged; after the rollback to step 2, steps 3-4 ran
+  # in bf16 (the fallback), then mxfp4 again.
+  by_step = {}
+  for r in records:
+    by_step.setdefault(r["step"], []).append(r)
+  assert [r["train/recipe_is_quantized"] for r in by_step[4]] == [1.0, 0.0]
+  assert np.isnan(by_step[4][0]["train/loss"]) and np.isfinite(by_step[4][1]["train/loss"])
+  assert [r["train/recipe_is_quantized"] for r in by_step[3]] == [1.0, 0.0]
+  assert [r["train/recipe_is_quantized"] for r in by_step[5]] == [1.0]
+  assert [r["event/rollback_to_step"] for r in metrics(str(tmp_path))
+          if "event/rollback_to_step" in r] == [2]
+
+
+def test_rollback_gives_up_after_max_rollbacks(tmp_path):
+  c = small(steps=6, **{"debug.nan_at_step": 3, "max_consecutive_skips": 1, "checkpoint_every": 2,
+                        "rollback_on_skips": True, "max_rollbacks": 1})
+  with pytest.raises(TrainingError, match="non-finite steps in a row"):
+    Trainer(c, str(tmp_path)).run()  # the NaN recurs in the fallback recipe too
