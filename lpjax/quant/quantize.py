@@ -10,13 +10,17 @@ Examples:
   [0.5, -1.0, 2.0, 6.0]
   >>> jax.grad(lambda x: fake_quant(x, "nvfp4").sum())(x)[0, :4].tolist()  # straight-through
   [1.0, 1.0, 1.0, 1.0]
+  >>> bool((quantize(x, "mxfp4", impl="pallas").codes == q.codes).all())  # the kernel, same bits
+  True
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
+import os
 from typing import Any
 
 import jax
@@ -55,6 +59,48 @@ class QArray:
     return GroupLayout.make(self.fmt, self.shape, self.axis)
 
 
+# Implementations (docs/pallas.md): "xla" is this module; lpjax.pallas registers "pallas" on import.
+IMPLS = ("auto", "xla", "pallas")
+_BACKENDS: dict[str, Any] = {}
+
+
+def register_backend(name: str, backend) -> None:
+  """Registers a kernel implementation: an object with `unsupported(fmt) -> str | None` (why it
+  cannot handle fmt, or None), `check_supported(fmt)` (raises NotImplementedError) and
+  `quantize` / `dequantize` / `fake_quant` taking this module's arguments."""
+  _BACKENDS[name] = backend
+
+
+def _check_impl(impl):
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}.")
+
+
+def _auto_uses_kernels() -> bool:
+  """impl="auto": the kernels on a single GPU; XLA elsewhere, and when LPJAX_PALLAS_AUTO=0.
+
+  With several devices XLA would gather a sharded operand around the kernel (a pallas_call has no
+  partitioning rule), so "auto" keeps XLA there; call impl="pallas" inside shard_map instead.
+  """
+  if os.environ.get("LPJAX_PALLAS_AUTO", "1") == "0":
+    return False
+  return jax.default_backend() == "gpu" and jax.device_count() == 1
+
+
+def _kernel_backend(impl, fmt):
+  """The registered kernel backend to run, or None for this module's XLA implementation."""
+  _check_impl(impl)
+  if impl == "xla" or (impl == "auto" and not _auto_uses_kernels()):
+    return None
+  if "pallas" not in _BACKENDS:
+    importlib.import_module("lpjax.pallas")  # registers itself; quant has no import-time dependency
+  backend = _BACKENDS["pallas"]
+  if impl == "auto":
+    return None if backend.unsupported(fmt) else backend
+  backend.check_supported(fmt)
+  return backend
+
+
 def _check_input(x) -> jax.Array:
   dtype = jnp.result_type(x)
   if not jnp.issubdtype(dtype, jnp.floating):
@@ -89,7 +135,7 @@ def _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax):
 
 
 def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mode: str | None = None,
-             key=None, tensor_amax=None) -> QArray:
+             key=None, tensor_amax=None, impl: str = "auto") -> QArray:
   """Quantizes `x` to `fmt` (a preset name or QuantFormat); see docs/quant.md for every rule.
 
   Args:
@@ -100,12 +146,19 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
     scale_mode: e8m0 scale rule: "floor" (default), "ceil", "even" or "rceil".
     key: jax.random key for stochastic rounding.
     tensor_amax: NVFP4 only: the tensor amax to use instead of max |x| over finite values.
+    impl: "auto" (the Pallas kernel on a single GPU when it handles fmt, else XLA), "xla" or
+      "pallas" (the kernel; interpret mode off GPU). All give the same bits (docs/pallas.md).
 
   Returns:
     A QArray.
   """
+  _check_impl(impl)
   x = _check_input(x)
   fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
+  backend = _kernel_backend(impl, fmt)
+  if backend is not None:
+    return backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
+                            tensor_amax=tensor_amax)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
   layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax)
   codes = layout.ungroup(enc.codes).astype(jnp.uint8)
@@ -119,10 +172,17 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
                 shape=tuple(x.shape), axis=layout.axis, dtype=x.dtype)
 
 
-def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
-  """The values of a QArray (exact in float32, then cast to `dtype`), in the original shape."""
+def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array:
+  """The values of a QArray (exact in float32, then cast to `dtype`), in the original shape.
+
+  `impl` as in `quantize`.
+  """
+  _check_impl(impl)
   if not isinstance(q, QArray):
     raise TypeError(f"dequantize needs a QArray (from quantize), got {type(q).__name__}.")
+  backend = _kernel_backend(impl, q.fmt)
+  if backend is not None:
+    return backend.dequantize(q, dtype)
   layout = q.layout
   codes = q.codes
   if q.fmt.element.is_packed:
@@ -157,13 +217,19 @@ _fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
 
 
 def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
-               scale_mode: str | None = None, key=None, tensor_amax=None) -> jax.Array:
+               scale_mode: str | None = None, key=None, tensor_amax=None,
+               impl: str = "auto") -> jax.Array:
   """dequantize(quantize(x, ...)) in x's dtype, with an identity (straight-through) gradient.
 
-  Takes the same arguments as `quantize`; skips the nibble packing.
+  Takes the same arguments as `quantize` (`impl` included); skips the nibble packing.
   """
+  _check_impl(impl)
   x = _check_input(x)
   fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
+  backend = _kernel_backend(impl, fmt)
+  if backend is not None:
+    return backend.fake_quant(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode,
+                              key=key, tensor_amax=tensor_amax)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
   if tensor_amax is not None:
     tensor_amax = jax.lax.stop_gradient(jnp.asarray(tensor_amax, jnp.float32))

@@ -1,0 +1,36 @@
+"""lpjax.pallas: Pallas GPU kernels for the quantization hot paths, bit-identical to lpjax.quant.
+
+Importing this package registers the kernels as `impl="pallas"` of `lpjax.quant.quantize`,
+`dequantize` and `fake_quant` (`impl="auto"` picks them on a single GPU). The kernels compile with
+Triton on NVIDIA GPUs (A100, H100/H200, Blackwell) and run in Pallas interpret mode elsewhere, so
+every function here also works, slowly, on a CPU. See docs/pallas.md.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from lpjax import pallas, quant
+  >>> x = jax.random.normal(jax.random.key(0), (16, 64), jnp.bfloat16)
+  >>> y = pallas.fake_quant(x, "nvfp4")
+  >>> bool((y == quant.fake_quant(x, "nvfp4", impl="xla")).all()), y.dtype
+  (True, dtype(bfloat16))
+  >>> pallas.SUPPORTED_FORMATS[:2]
+  ('mxfp4', 'mxfp6_e2m3')
+"""
+
+import types
+
+from lpjax.pallas import native
+from lpjax.pallas.native import NATIVE_FORMATS, native_gemm_supported, native_matmul
+from lpjax.pallas.ops import dequantize, double_quantize, fake_quant, quantize
+from lpjax.pallas.rht import hadamard, hadamard_fake_quant, hadamard_quantize
+from lpjax.pallas.support import SUPPORTED_FORMATS, check_supported, unsupported_reason
+from lpjax.quant.quantize import register_backend as _register_backend
+
+__all__ = [
+    "NATIVE_FORMATS", "SUPPORTED_FORMATS", "check_supported", "dequantize", "double_quantize",
+    "fake_quant", "hadamard", "hadamard_fake_quant", "hadamard_quantize", "native",
+    "native_gemm_supported", "native_matmul", "quantize", "unsupported_reason",
+]
+
+_register_backend("pallas", types.SimpleNamespace(
+    unsupported=unsupported_reason, check_supported=check_supported, quantize=quantize,
+    dequantize=dequantize, fake_quant=fake_quant))
