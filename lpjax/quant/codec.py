@@ -122,7 +122,10 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   result = Encoded(codes=None, scales=None)
 
   if fmt.scale == "e8m0":
-    (k,) = materialize((sc.e8m0_exponent(amax, element, scale_mode),), opaque_zero)
+    if fmt.fixed_scale_exponent is None:
+      (k,) = materialize((sc.e8m0_exponent(amax, element, scale_mode),), opaque_zero)
+    else:  # a fixed power-of-two scale: the amax only flags NaN / Inf (QuantFormat)
+      k = jnp.full(amax.shape, fmt.fixed_scale_exponent, jnp.int32)
     k = k.astype(jnp.int32)
     _, sig, exp = fb.split(x_bits)
     mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,

@@ -102,6 +102,7 @@ class QuantFormat:
   granularity: str = "block"  # "block", "channel" (the whole blocked axis) or "tensor"
   tile: bool = False  # True: block_size x block_size tiles over the last two axes (Q(W)^T == Q(W^T))
   tensor_scale: bool = False  # ue4m3 only: fp32 second-level per-tensor scale from amax_t (NVFP4)
+  fixed_scale_exponent: int | None = None  # e8m0 per tensor only: scale 2**k whatever the data
   name: str = ""  # preset name, for printing
 
   def __post_init__(self):
@@ -123,6 +124,13 @@ class QuantFormat:
       raise ValueError(f"{self.element.name} elements need scale='fp32'.")
     if self.tensor_scale and self.scale != "ue4m3":
       raise ValueError("tensor_scale=True is the NVFP4 second level and needs scale='ue4m3'.")
+    if self.fixed_scale_exponent is not None:
+      k = self.fixed_scale_exponent
+      if (self.scale != "e8m0" or self.granularity != "tensor" or isinstance(k, bool)
+          or not isinstance(k, int) or not -127 <= k <= 127):
+        raise ValueError(f"fixed_scale_exponent (a scale 2**k that ignores the data) needs "
+                         f"scale='e8m0', granularity='tensor' and an int k in [-127, 127]; got "
+                         f"k={k!r}, scale={self.scale!r}, granularity={self.granularity!r}.")
 
   @property
   def bits_per_element(self) -> float:

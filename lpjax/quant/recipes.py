@@ -24,6 +24,8 @@ Examples:
   ('nvfp4_16x16', 'stochastic', 16, None)
   >>> "mxfp4_bwd" in NAMES
   True
+  >>> get("mxfp4:block_size=16").fwd.lhs.format.block_size   # a variant (lpjax.quant.recipe_spec)
+  16
 """
 
 from __future__ import annotations
@@ -157,13 +159,21 @@ _CACHE: dict[str, GemmRecipe] = {}
 
 
 def get(name: str) -> GemmRecipe:
-  """The preset recipe `name` (one of `NAMES`); a GemmRecipe passes through unchanged."""
+  """The preset recipe `name` (one of `NAMES`), or a variant "<preset>:key=value,..." (see
+  `lpjax.quant.recipe_spec`); a GemmRecipe passes through unchanged."""
   if isinstance(name, GemmRecipe):
     return name
+  if isinstance(name, str) and ":" in name:
+    if name not in _CACHE:
+      from lpjax.quant import recipe_spec  # builds on the presets of this module
+
+      _CACHE[name] = recipe_spec.parse(name)
+    return _CACHE[name]
   if name not in _BUILDERS:
     close = difflib.get_close_matches(str(name), NAMES, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"Unknown recipe {name!r}.{hint} Valid: {', '.join(NAMES)}.")
+    raise ValueError(f"Unknown recipe {name!r}.{hint} Valid: {', '.join(NAMES)}, or a variant "
+                     "'<preset>:key=value,...' (lpjax.quant.recipe_spec).")
   if name not in _CACHE:
     _CACHE[name] = _BUILDERS[name]()
   return _CACHE[name]

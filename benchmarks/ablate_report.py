@@ -1,0 +1,306 @@
+"""Results of benchmarks/ablate.py: per-row statistics, the markdown table, plots, quality goals.
+
+Statistics over seeds: mean and sample standard deviation (ddof=1; undefined for one seed) of the
+final eval loss, over the runs that finished with a finite loss. A run that failed (TrainingError
+or any exception) or ended with a non-finite loss is "diverged": it is counted in the seeds column
+and, in the quality goals, makes the row's loss +inf (a diverged run is worse than any finite one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+
+NAN = float("nan")
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+def load_run(run_dir: str) -> dict:
+  """{"status": ok | diverged | failed | missing, "results", "error", "curve": {step: loss}}."""
+  results_path = os.path.join(run_dir, "results.json")
+  failed_path = os.path.join(run_dir, "failed.json")
+  run = {"dir": run_dir, "status": "missing", "results": {}, "error": "", "curve": {}}
+  if os.path.exists(results_path):
+    with open(results_path) as f:
+      run["results"] = json.load(f)
+    loss = run["results"].get("final_eval_loss", NAN)
+    run["status"] = "ok" if isinstance(loss, (int, float)) and math.isfinite(loss) else "diverged"
+  elif os.path.exists(failed_path):
+    with open(failed_path) as f:
+      failure = json.load(f)
+    run["status"], run["error"] = "failed", f"{failure.get('type', '')}: {failure.get('error', '')}"
+  metrics_path = os.path.join(run_dir, "metrics.jsonl")
+  if os.path.exists(metrics_path):
+    with open(metrics_path) as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except json.JSONDecodeError:
+          continue
+        if "train/loss" in record:
+          run["curve"][int(record["step"])] = float(record["train/loss"])
+  return run
+
+
+def _mean_std(values):
+  values = [v for v in values if math.isfinite(v)]
+  if not values:
+    return NAN, NAN
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else NAN
+  return float(np.mean(values)), std
+
+
+def row_stats(runs: list[dict]) -> dict:
+  """Mean / std over the finished runs of one row, and how many seeds finished."""
+  ok = [r for r in runs if r["status"] == "ok"]
+  get = lambda key: [float(r["results"].get(key, NAN)) for r in ok]
+  mean, std = _mean_std(get("final_eval_loss"))
+  fp_mean, fp_std = _mean_std(get("final_eval_loss_fp"))
+  train_mean, _ = _mean_std(get("final_train_loss"))
+  wall_mean, _ = _mean_std(get("wall_time_s"))
+  done = [r for r in runs if r["status"] != "missing"]
+  return {"n": len(runs), "n_done": len(done), "n_ok": len(ok), "n_diverged": len(done) - len(ok),
+          "mean": mean, "std": std, "fp_mean": fp_mean, "fp_std": fp_std, "train_mean": train_mean,
+          "wall_mean": wall_mean, "errors": [r["error"] for r in runs if r["error"]]}
+
+
+def mean_curve(runs: list[dict]) -> dict:
+  """Train loss per logged step: mean and std over the finished runs (steps all of them logged)."""
+  curves = [r["curve"] for r in runs if r["status"] == "ok" and r["curve"]]
+  if not curves:
+    return {"steps": [], "mean": [], "std": []}
+  steps = sorted(set.intersection(*(set(c) for c in curves)))
+  values = np.array([[c[s] for s in steps] for c in curves], dtype=np.float64)
+  std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.full(len(steps), NAN)
+  return {"steps": steps, "mean": values.mean(axis=0).tolist(), "std": std.tolist()}
+
+
+def summarize(sweep: str, rows: list[dict], reference: str, meta: dict) -> dict:
+  """rows: [{"label", "recipe", "optimizer", "lr", "overrides", "command", "runs"}] -> summary."""
+  out_rows = []
+  for row in rows:
+    stats = row_stats(row["runs"])
+    out_rows.append({**{k: v for k, v in row.items() if k != "runs"}, **stats,
+                     "curve": mean_curve(row["runs"]),
+                     "runs": [{"seed": r.get("seed"), "status": r["status"], "error": r["error"],
+                               **{k: r["results"].get(k) for k in
+                                  ("final_eval_loss", "final_eval_loss_fp", "final_train_loss",
+                                   "wall_time_s", "skipped_steps", "steps")}}
+                              for r in row["runs"]]})
+  ref = next((r for r in out_rows if r["label"] == reference), None)
+  ref_mean = ref["mean"] if ref else NAN
+  for r in out_rows:
+    r["ratio_pct"] = (r["mean"] / ref_mean - 1.0) * 100.0 if ref_mean > 0 else NAN
+  return {"sweep": sweep, "reference": reference, **meta, "rows": out_rows}
+
+
+# --- markdown ---------------------------------------------------------------------------------
+
+def _pm(mean, std, digits=4):
+  if not math.isfinite(mean):
+    return "—"
+  return f"{mean:.{digits}f} ± {std:.{digits}f}" if math.isfinite(std) else f"{mean:.{digits}f}"
+
+
+def _seeds(r):
+  text = f"{r['n_ok']}/{r['n']}"
+  if r["n_diverged"]:
+    text += f" ({r['n_diverged']} diverged)"
+  return text
+
+
+def _recipe_cell(r):
+  extra = ", ".join(f"{k}={v}" for k, v in r.get("overrides", ()))
+  return f"`{r['recipe']}`" + (f" ({extra})" if extra else "")
+
+
+def markdown(summary: dict) -> str:
+  s = summary
+  lines = [f"# Ablation: {s['sweep']}", "", s.get("description", ""), "",
+           f"LLaMA-{s.get('size', '?')} ({s.get('scale', '?')} scale), {s.get('steps', '?')} steps, "
+           f"seeds {', '.join(str(k) for k in s.get('seeds', []))}. Final eval loss: mean ± sample "
+           f"std over the seeds that finished; \"vs FP32 Adam\" = mean / mean({s['reference']}) - 1; "
+           "\"quant off\" evaluates the same weights with every GEMM in fp32.", "",
+           "| row | recipe | optimizer | lr | final eval loss | eval loss, quant off | vs FP32 Adam "
+           "| wall time / run | seeds |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for r in s["rows"]:
+    ratio = f"{r['ratio_pct']:+.2f}%" if math.isfinite(r["ratio_pct"]) else "—"
+    wall = f"{r['wall_mean']:.0f} s" if math.isfinite(r["wall_mean"]) else "—"
+    lines.append(f"| {r['label']} | {_recipe_cell(r)} | {r['optimizer']} | {r['lr']:g} | "
+                 f"{_pm(r['mean'], r['std'])} | {_pm(r['fp_mean'], r['fp_std'])} | {ratio} | {wall} | "
+                 f"{_seeds(r)} |")
+  errors = [(r["label"], e) for r in s["rows"] for e in r["errors"]]
+  if errors:
+    lines += ["", "Failed runs:", ""] + [f"- {label}: {e}" for label, e in errors]
+  lines += ["", "Reproduce a row (seed 0; `--config.seed=K` for seed K):", ""]
+  lines += [f"- {r['label']}: `{r['command']}`" for r in s["rows"]]
+  return "\n".join(lines) + "\n"
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+def _pyplot():
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def plot_curves(summary: dict, path: str):
+  """Train loss vs step, mean over seeds (band: ± std), the reference dashed."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for r in summary["rows"]:
+    c = r["curve"]
+    if not c["steps"]:
+      continue
+    steps, mean, std = np.array(c["steps"]), np.array(c["mean"]), np.array(c["std"])
+    is_ref = r["label"] == summary["reference"]
+    line, = ax.plot(steps, mean, "k--" if is_ref else "-", label=r["label"], lw=1.5)
+    if np.isfinite(std).any():
+      ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
+  ax.set_xlabel("step")
+  ax.set_ylabel("train loss (mean over seeds)")
+  ax.set_title(f"{summary['sweep']}: train loss")
+  ax.grid(alpha=0.3)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_final(summary: dict, path: str):
+  """Final eval loss per row (± std) and its difference to the reference in %."""
+  plt = _pyplot()
+  rows = summary["rows"]
+  labels = [r["label"] for r in rows]
+  x = np.arange(len(rows))
+  mean = np.array([r["mean"] for r in rows], dtype=float)
+  std = np.nan_to_num(np.array([r["std"] for r in rows], dtype=float))
+  ratio = np.array([r["ratio_pct"] for r in rows], dtype=float)
+  ref_mean = next((r["mean"] for r in rows if r["label"] == summary["reference"]), NAN)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(rows) + 4), 4.5))
+  finite = np.isfinite(mean)
+  ax1.bar(x[finite], mean[finite], yerr=std[finite], capsize=4, color="tab:blue")
+  if finite.any():
+    lo, hi = np.min(mean[finite] - std[finite]), np.max(mean[finite] + std[finite])
+    pad = max(0.05 * (hi - lo), 1e-3)
+    ax1.set_ylim(lo - pad, hi + pad)
+  if math.isfinite(ref_mean):
+    ax1.axhline(ref_mean, color="k", ls="--", lw=1)
+  ax1.set_title("final eval loss (± std; y axis zoomed)")
+  ax2.bar(x[finite], ratio[finite], yerr=(std / ref_mean * 100.0)[finite] if ref_mean > 0 else None,
+          capsize=4, color=np.where(ratio[finite] > 0, "tab:red", "tab:green"))
+  ax2.axhline(0.0, color="k", lw=1)
+  ax2.set_title(f"vs {summary['reference']} (%)")
+  for ax in (ax1, ax2):
+    ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+  fig.suptitle(summary["sweep"])
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_reports(summary: dict, out_dir: str) -> dict:
+  """DIR/<sweep>.md, .json, _curves.png, _final.png; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  name = summary["sweep"]
+  paths = {"md": os.path.join(out_dir, f"{name}.md"), "json": os.path.join(out_dir, f"{name}.json"),
+           "curves": os.path.join(out_dir, f"{name}_curves.png"),
+           "final": os.path.join(out_dir, f"{name}_final.png")}
+  with open(paths["md"], "w") as f:
+    f.write(markdown(summary))
+  with open(paths["json"], "w") as f:
+    json.dump(summary, f, indent=1, default=str)
+  plot_curves(summary, paths["curves"])
+  plot_final(summary, paths["final"])
+  return paths
+
+
+# --- the issue's quality goals ----------------------------------------------------------------
+
+def _effective(stats):
+  """The row's loss for the goals: None if not run, +inf if a seed diverged, else the mean."""
+  if stats is None or stats["n_done"] == 0:
+    return None
+  if stats["n_diverged"] or stats["n_done"] < stats["n"]:
+    return math.inf if stats["n_diverged"] else None
+  return stats["mean"]
+
+
+def _fmt(v):
+  return "not run" if v is None else ("diverged" if v == math.inf else f"{v:.4f}")
+
+
+def quality_goals(stats: dict) -> list[dict]:
+  """The issue's goals from the `quality` sweep's row stats (label -> row_stats); thresholds fixed.
+
+  Returns [{"goal", "measured", "holds"}] with holds True / False / None (rows missing).
+  """
+  e = {label: _effective(s) for label, s in stats.items()}
+  goals = []
+
+  def add(goal, measured, holds):
+    goals.append({"goal": goal, "measured": measured, "holds": holds})
+
+  def ratio_goal(label, limit_pct, text):
+    a, ref = e.get(label), e.get("fp32_adam")
+    if a is None or ref is None:
+      return add(text, f"{_fmt(a)} vs {_fmt(ref)}", None)
+    pct = (a / ref - 1) * 100 if math.isfinite(a) and math.isfinite(ref) else math.inf
+    add(text, f"{_fmt(a)} vs {_fmt(ref)} ({pct:+.2f}%)", bool(pct <= limit_pct))
+
+  def le_goal(a_label, b_label, text):
+    a, b = e.get(a_label), e.get(b_label)
+    holds = None if a is None or b is None else bool(a <= b)
+    add(text, f"{_fmt(a)} vs {_fmt(b)}", holds)
+
+  ratio_goal("mxfp4_bwd_adam", 1.0, "mxfp4_bwd within +1% of FP32 Adam")
+  ratio_goal("mxfp4_adam", 3.0, "mxfp4 within +3% of FP32 Adam")
+  le_goal("nvfp4_adam", "mxfp4_adam", "nvfp4 no worse than mxfp4")
+  # "Visibly": the difference exceeds twice its standard error sqrt(s1^2/n1 + s2^2/n2).
+  naive, mx = e.get("mxfp4_naive_adam"), e.get("mxfp4_adam")
+  if naive is None or mx is None:
+    add("mxfp4_naive visibly worse than mxfp4", f"{_fmt(naive)} vs {_fmt(mx)}", None)
+  else:
+    s1, s2 = stats["mxfp4_naive_adam"], stats["mxfp4_adam"]
+    se = math.sqrt(sum((s["std"] ** 2) / s["n_ok"] for s in (s1, s2)
+                       if s["n_ok"] > 1 and math.isfinite(s["std"])))
+    diff = naive - mx
+    add("mxfp4_naive visibly worse than mxfp4 (difference > 2 standard errors)",
+        f"{_fmt(naive)} vs {_fmt(mx)} (diff {diff:+.4f}, 2 SE {2 * se:.4f})", bool(diff > 2 * se))
+  le_goal("fp32_stable_spam", "fp32_adam", "stable_spam <= adam in FP32")
+  le_goal("mxfp4_stable_spam", "mxfp4_adam", "stable_spam <= adam in MXFP4")
+  # 3x lr: the premise (adam + mxfp4 degrades: > +1% over its 1x loss, or diverges), then
+  # stable_spam + mxfp4 at 3x finishes every seed, within +1% of its 1x loss and below adam's 3x.
+  a1, a3 = e.get("mxfp4_adam"), e.get("mxfp4_adam_lr3x")
+  s1, s3 = e.get("mxfp4_stable_spam"), e.get("mxfp4_stable_spam_lr3x")
+  if a1 is None or a3 is None:
+    add("adam + mxfp4 degrades at 3x lr (> +1% over 1x, or diverges)", f"{_fmt(a3)} vs {_fmt(a1)}", None)
+  else:
+    add("adam + mxfp4 degrades at 3x lr (> +1% over 1x, or diverges)", f"{_fmt(a3)} vs {_fmt(a1)}",
+        bool(a3 > 1.01 * a1))
+  if None in (s1, s3, a3):
+    add("stable_spam + mxfp4 stable at 3x lr", f"{_fmt(s3)} vs 1x {_fmt(s1)}", None)
+  else:
+    add("stable_spam + mxfp4 stable at 3x lr (all seeds finish, <= +1% over its 1x, < adam 3x)",
+        f"{_fmt(s3)} vs 1x {_fmt(s1)}, adam 3x {_fmt(a3)}",
+        bool(math.isfinite(s3) and s3 <= 1.01 * s1 and s3 < a3))
+  return goals
+
+
+def quality_markdown(goals: list[dict]) -> str:
+  mark = {True: "yes", False: "NO", None: "not measured"}
+  lines = ["## Quality goals (mean final eval loss over seeds, equal steps)", "",
+           "| goal | measured | holds |", "|---|---|---|"]
+  lines += [f"| {g['goal']} | {g['measured']} | {mark[g['holds']]} |" for g in goals]
+  return "\n".join(lines) + "\n"

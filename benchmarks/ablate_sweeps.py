@@ -1,0 +1,201 @@
+"""The ablation sweeps of benchmarks/ablate.py: rows as data, and the config of one (row, seed).
+
+A row is a recipe spec (`lpjax.quant.recipe_spec`), an optimizer with its paper settings, a
+learning-rate multiple and a few config overrides, applied on top of
+`lpjax.train.config.paper_config(size, ...)` ("tiny" at CPU scale). Every sweep starts with the
+reference row FP32 + Adam, against which every table reports its loss ratio.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+import shlex
+from typing import Any
+
+import ml_collections
+
+from lpjax.train import config as cfg_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  label: str  # row name (a directory name: letters, digits, _ and -)
+  recipe: str = "fp32"  # quant.recipe: a preset or a "<preset>:key=value,..." spec
+  optimizer: str = "adam"  # optimizer.name, with that optimizer's paper hyperparameters
+  lr_scale: float = 1.0  # multiple of the size's paper learning rate
+  overrides: tuple[tuple[str, Any], ...] = ()  # (flat config key, value) on top
+
+
+REFERENCE = Row("fp32_adam", "fp32", "adam")
+HP_FRACTION = 0.1  # schedule sweep: high-precision (bf16) share of the steps at the start / end
+
+
+def _optimizer_rows(recipes=("fp32", "mxfp4")):
+  rows = []
+  for recipe in recipes:
+    for opt in ("adam", "spam", "stable_spam"):
+      for scale in (1.0, 3.0):
+        suffix = "" if scale == 1.0 else f"_lr{scale:g}x"
+        rows.append(Row(f"{recipe}_{opt}{suffix}", recipe, opt, scale))
+  return rows
+
+
+def _named(*rows):
+  return [REFERENCE] + [r for r in rows if r.label != REFERENCE.label]
+
+
+SWEEPS: dict[str, list[Row]] = {
+    # Element / block format: every preset's GEMMs, Adam (mxfp4_bwd / mxfp4_naive for the goals).
+    "format": _named(*(Row(n, n) for n in ("bf16", "fp8", "mxfp8", "mxfp4", "nvfp4", "mxfp4_bwd",
+                                           "mxfp4_naive"))),
+    # E8M0 vs E4M3 block scales, same e2m1 elements and block size (32 RTN, 32 full recipe, 16).
+    "scale_format": _named(
+        Row("naive_b32_e8m0", "mxfp4_naive"), Row("naive_b32_ue4m3", "mxfp4_naive:scale=ue4m3"),
+        Row("mxfp4_b32_e8m0", "mxfp4"), Row("mxfp4_b32_ue4m3", "mxfp4_e4m3scale"),
+        Row("nvfp4_b16_e8m0", "nvfp4:scale=e8m0"), Row("nvfp4_b16_ue4m3", "nvfp4")),
+    # Rounding of the gradient operand dY (every other operand round-to-nearest-even).
+    "grad_rounding": _named(*(Row(m, "mxfp4_naive" if m == "nearest_even" else
+                                  f"mxfp4_naive:grad_rounding={m}")
+                              for m in ("nearest_even", "stochastic", "toward_zero", "toward_positive"))),
+    # Scaling granularity: per block (e8m0), per row, per tensor (fp32 / e8m0 current), fixed 2^0.
+    "granularity": _named(
+        Row("block32", "mxfp4_naive"), Row("channel", "mxfp4_naive:granularity=channel"),
+        Row("tensor", "mxfp4_naive:granularity=tensor"),
+        Row("tensor_e8m0", "mxfp4_naive:granularity=tensor,scale=e8m0"),
+        Row("fixed", "mxfp4_naive:granularity=fixed")),
+    # Which GEMMs are MXFP4; pure = embeddings, LM head and attention products quantized too.
+    "gemms": _named(Row("none_bf16", "bf16"), Row("fwd", "mxfp4:gemms=fwd"),
+                    Row("bwd", "mxfp4:gemms=bwd"), Row("all", "mxfp4"),
+                    Row("pure", "mxfp4", overrides=(("quant.policy", "pure"),))),
+    # Optimizers at the paper lr and 3x, in FP32 and MXFP4.
+    "optimizer": _named(*_optimizer_rows()),
+    # High-precision (bf16) warm-up and finish around MXFP4.
+    "schedule": _named(
+        Row("mxfp4_only", "mxfp4"),
+        Row("warmup", "mxfp4", overrides=(("quant.warmup_fraction", HP_FRACTION),)),
+        Row("finish", "mxfp4", overrides=(("quant.finish_fraction", HP_FRACTION),)),
+        Row("warmup_finish", "mxfp4", overrides=(("quant.warmup_fraction", HP_FRACTION),
+                                                 ("quant.finish_fraction", HP_FRACTION)))),
+    # MXFP4 RTN block size.
+    "block_size": _named(Row("b16", "mxfp4_naive:block_size=16"), Row("b32", "mxfp4_naive"),
+                         Row("b64", "mxfp4_naive:block_size=64")),
+    # Exactly the rows the issue's quality goals compare (ablate_report.quality_goals).
+    "quality": _named(
+        Row("mxfp4_bwd_adam", "mxfp4_bwd"), Row("mxfp4_adam", "mxfp4"), Row("nvfp4_adam", "nvfp4"),
+        Row("mxfp4_naive_adam", "mxfp4_naive"), Row("fp32_stable_spam", "fp32", "stable_spam"),
+        Row("mxfp4_stable_spam", "mxfp4", "stable_spam"), Row("mxfp4_adam_lr3x", "mxfp4", "adam", 3.0),
+        Row("mxfp4_stable_spam_lr3x", "mxfp4", "stable_spam", 3.0)),
+}
+SWEEP_NAMES = tuple(SWEEPS)
+DESCRIPTIONS = {
+    "format": "Element / block format of all three GEMMs (Adam), with mxfp4_bwd and mxfp4_naive.",
+    "scale_format": "E8M0 vs E4M3 (ue4m3, with the fp32 tensor scale) block scales, same e2m1 "
+                    "elements and block size: RTN at 32, the full mxfp4 recipe at 32 "
+                    "(mxfp4_e4m3scale has no SR pre-scale), nvfp4 at 16.",
+    "grad_rounding": "Rounding of the gradient operand dY in dgrad and wgrad; every other operand "
+                     "MXFP4 round-to-nearest-even (mxfp4_naive).",
+    "granularity": "Scaling granularity of every MXFP4 operand (RTN): e8m0 per 32-block, fp32 per "
+                   "row of the contraction axis, fp32 per tensor (global), e8m0 per tensor, all "
+                   "from the current amax; and a fixed scale 2^0 that ignores the data.",
+    "gemms": "Which GEMMs run MXFP4: forward only, backward only (dgrad + wgrad), all three, and "
+             "pure (embeddings, LM head and attention products too).",
+    "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
+    "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
+    "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
+    "quality": "The rows of the issue's quality goals (quality_goals.md).",
+}
+
+
+def set_key(config, key: str, value):
+  """config[key] = value for a flat key ("optimizer.lr"); strings are cast to the field's type."""
+  *path, leaf = key.split(".")
+  node = config
+  for part in path:
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise KeyError(f"Unknown config key {key!r}; see lpjax/train/config.py base_config().")
+    node = node[part]
+  if leaf not in node:
+    raise KeyError(f"Unknown config key {key!r}; see lpjax/train/config.py base_config().")
+  old = node[leaf]
+  if isinstance(value, str) and not isinstance(old, str):
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError) as e:
+      raise ValueError(f"{key}={value!r}: expected a {type(old).__name__} like {old!r}.") from e
+  if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  node[leaf] = value
+
+
+def parse_sets(items) -> tuple[tuple[str, str], ...]:
+  """["batch_size=8", ...] (the --set flags) -> (("batch_size", "8"), ...)."""
+  out = []
+  for item in items or ():
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+      raise ValueError(f"--set {item!r} is not key=value, e.g. --set batch_size=8.")
+    out.append((key.strip(), value.strip()))
+  return tuple(out)
+
+
+def row_config(row: Row, *, size: str, seed: int, steps: int | None = None, sets=()):
+  """The training config of (row, seed): paper settings of `size`, then the row, then `sets`.
+
+  With `steps`, the lr warm-up keeps its share of the run (at least one step).
+  """
+  c = cfg_lib.paper_config(size, recipe=row.recipe, optimizer=row.optimizer)
+  run = cfg_lib.PAPER_RUNS[size]
+  c.seed = seed
+  c.progress_bar = False
+  if steps:
+    c.steps = steps
+    c.optimizer.warmup_steps = max(1, round(run.warmup_steps * steps / run.steps))
+  c.optimizer.lr = run.lr * row.lr_scale
+  for key, value in tuple(row.overrides) + tuple(sets):
+    set_key(c, key, value)
+  return c
+
+
+def flat(config, prefix="") -> dict:
+  """{"optimizer.lr": 0.003, ...} of a ConfigDict."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def base_config_file(size: str) -> str:
+  """The config file a row's command starts from (relative to the repository)."""
+  return f"configs/llama_{size}_mxfp4.py"
+
+
+def load_config_file(path: str):
+  spec = importlib.util.spec_from_file_location("lpjax_ablate_base_config", os.path.join(REPO, path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+_NOT_IN_COMMAND = ("progress_bar", "seed")  # display only / given separately
+
+
+def reproduce_command(config, size: str, workdir: str) -> str:
+  """`python train.py --config=<file> --config.k=v ...` that trains exactly `config`."""
+  base_file = base_config_file(size)
+  base = flat(load_config_file(base_file))
+  parts = ["python", "train.py", f"--config={base_file}"]
+  for key, value in sorted(flat(config).items()):
+    if key in _NOT_IN_COMMAND or base.get(key) == value:
+      continue
+    parts.append(f"--config.{key}={shlex.quote(str(value))}")
+  parts.append(f"--config.seed={config.seed}")
+  parts.append(f"--workdir={shlex.quote(workdir)}")
+  return " ".join(parts)

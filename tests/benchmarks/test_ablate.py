@@ -1,0 +1,198 @@
+"""benchmarks/ablate.py: listing, dry runs that validate, a micro sweep end to end, the statistics."""
+
+import json
+import math
+import os
+import shlex
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import ablate  # noqa: E402
+import ablate_report as report  # noqa: E402
+import ablate_sweeps as sweeps  # noqa: E402
+
+from lpjax.train import config as cfg_lib  # noqa: E402
+
+ISSUE_SWEEPS = ("format", "scale_format", "grad_rounding", "granularity", "gemms", "optimizer",
+                "schedule", "block_size", "quality")
+MICRO = ["--seeds", "1", "--steps", "3", "--set", "batch_size=8", "--set", "seq_len=32",
+         "--set", "eval_steps=1", "--set", "log_every=1"]
+
+
+def test_list_names_every_sweep_and_row(capsys):
+  assert ablate.main(["--list"]) == 0
+  out = capsys.readouterr().out
+  assert set(ISSUE_SWEEPS) == set(sweeps.SWEEPS)
+  for name, rows in sweeps.SWEEPS.items():
+    assert f"{name}:" in out
+    assert rows[0] == sweeps.REFERENCE  # every table has its FP32 Adam reference
+    assert len({r.label for r in rows}) == len(rows)
+    for row in rows:
+      assert row.label in out and row.recipe in out
+
+
+def test_dry_run_prints_every_row_and_every_config_validates(tmp_path, capsys):
+  assert ablate.main(["all", "--out", str(tmp_path), "--dry-run"]) == 0
+  out = capsys.readouterr().out
+  assert "INVALID" not in out and "Estimated time:" in out
+  assert not (tmp_path / "runs").exists()  # a dry run trains nothing
+  for name, rows in sweeps.SWEEPS.items():
+    assert f"== {name}:" in out
+    for row in rows:
+      config = sweeps.row_config(row, size="tiny", seed=0)
+      line = f"{row.label:<24} recipe={row.recipe} optimizer={row.optimizer} lr={config.optimizer.lr:g}"
+      assert line in out
+      cfg_lib.validate(config, device_count=1)
+      assert (config.quant.recipe, config.optimizer.name) == (row.recipe, row.optimizer)
+      assert config.optimizer.lr == pytest.approx(3e-3 * row.lr_scale)
+
+
+def _apply_command(command: str):
+  """The config train.py would build from `command` (its --config.key=value flags)."""
+  args = shlex.split(command)
+  config = sweeps.load_config_file(args[2].split("=", 1)[1])
+  for arg in args[3:]:
+    if arg.startswith("--config."):
+      key, value = arg[len("--config."):].split("=", 1)
+      sweeps.set_key(config, key, value)
+  return config
+
+
+@pytest.mark.parametrize("sweep", ["optimizer", "gemms", "schedule", "granularity"])
+def test_reproduce_command_rebuilds_the_exact_config(sweep):
+  for row in sweeps.SWEEPS[sweep]:
+    config = sweeps.row_config(row, size="tiny", seed=2)
+    rebuilt = _apply_command(sweeps.reproduce_command(config, "tiny", "runs/x"))
+    assert ablate.run_key(rebuilt) == ablate.run_key(config), row.label
+
+
+def test_micro_sweep_end_to_end_then_resume_and_reuse(tmp_path, capsys):
+  out = str(tmp_path)
+  assert ablate.main(["format", "--out", out, "--rows", "mxfp4_naive"] + MICRO) == 0
+  log = capsys.readouterr().out
+  assert "2 runs: 2 to train" in log
+  for suffix in (".md", ".json", "_curves.png", "_final.png"):
+    assert os.path.getsize(os.path.join(out, f"format{suffix}")) > 0
+  summary = json.load(open(os.path.join(out, "format.json")))
+  assert [r["label"] for r in summary["rows"]] == ["fp32_adam", "mxfp4_naive"]
+  for r in summary["rows"]:
+    assert r["n_ok"] == 1 and math.isfinite(r["mean"]) and r["runs"][0]["steps"] == 3
+    assert r["curve"]["steps"] == [1, 2, 3]
+    results = json.load(open(os.path.join(out, "runs", "format", r["label"], "seed0", "results.json")))
+    assert r["mean"] == results["final_eval_loss"]
+    assert not os.path.exists(os.path.join(out, "runs", "format", r["label"], "seed0", "checkpoints"))
+  assert summary["rows"][0]["ratio_pct"] == 0.0
+  md = open(os.path.join(out, "format.md")).read()
+  assert "| mxfp4_naive | `mxfp4_naive` | adam |" in md and "--config.quant.recipe=mxfp4_naive" in md
+
+  # Same command: nothing trains. The quality sweep's rows are the same configs: copied.
+  assert ablate.main(["format", "--out", out, "--rows", "mxfp4_naive"] + MICRO) == 0
+  assert "0 to train, 0 copied from identical runs, 2 already done" in capsys.readouterr().out
+  assert ablate.main(["quality", "--out", out, "--rows", "mxfp4_naive_adam"] + MICRO) == 0
+  log = capsys.readouterr().out
+  assert "2 runs: 0 to train, 2 copied" in log
+  quality = json.load(open(os.path.join(out, "quality.json")))
+  assert [r["mean"] for r in quality["rows"]] == [r["mean"] for r in summary["rows"]]
+  goals = open(os.path.join(out, "quality_goals.md")).read()
+  assert "| mxfp4 within +3% of FP32 Adam |" in goals and "not measured" in goals
+
+  # A different setting in the same directory is refused, not mixed in.
+  with pytest.raises(SystemExit, match="another config"):
+    ablate.main(["format", "--out", out, "--rows", "mxfp4_naive"] + MICRO[:3] + ["4"] + MICRO[4:])
+
+
+def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
+  out = str(tmp_path)
+  args = ["block_size", "--out", out, "--rows", "fp32_adam", "--set", "debug.nan_at_step=0",
+          "--set", "max_consecutive_skips=1"] + MICRO
+  assert ablate.main(args) == 0
+  failed = json.load(open(os.path.join(out, "runs", "block_size", "fp32_adam", "seed0", "failed.json")))
+  assert failed["type"] == "TrainingError"
+  row = json.load(open(os.path.join(out, "block_size.json")))["rows"][0]
+  assert (row["n_ok"], row["n_diverged"]) == (0, 1) and math.isnan(row["mean"])
+  assert "0/1 (1 diverged)" in open(os.path.join(out, "block_size.md")).read()
+  capsys.readouterr()
+
+
+# --- statistics against hand-computed numbers -------------------------------------------------
+
+def _fake_run(path, loss=None, fp=None, wall=100.0, curve=(), error=None):
+  os.makedirs(path, exist_ok=True)
+  if error:
+    json.dump({"type": "TrainingError", "error": error}, open(os.path.join(path, "failed.json"), "w"))
+  else:
+    json.dump({"final_eval_loss": loss, "final_eval_loss_fp": fp if fp is not None else loss - 0.01,
+               "final_train_loss": loss - 0.5, "wall_time_s": wall, "steps": 3},
+              open(os.path.join(path, "results.json"), "w"))
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    for step, value in curve:
+      f.write(json.dumps({"step": step, "train/loss": value}) + "\n")
+
+
+def _rows(tmp_path, table):
+  rows = []
+  for label, runs in table.items():
+    loaded = []
+    for seed, kwargs in enumerate(runs):
+      _fake_run(str(tmp_path / label / f"seed{seed}"), **kwargs)
+      loaded.append({**report.load_run(str(tmp_path / label / f"seed{seed}")), "seed": seed})
+    rows.append({"label": label, "recipe": "mxfp4", "optimizer": "adam", "lr": 3e-3,
+                 "overrides": [], "command": "python train.py", "runs": loaded})
+  return rows
+
+
+def test_table_mean_std_and_ratio(tmp_path):
+  rows = _rows(tmp_path, {
+      "fp32_adam": [dict(loss=2.0, wall=90, curve=[(1, 5.0), (2, 4.0)]),
+                    dict(loss=2.1, wall=110, curve=[(1, 6.0), (2, 3.0)]), dict(loss=2.2, wall=100)],
+      "a": [dict(loss=2.2, fp=2.0), dict(loss=2.3, fp=2.1), dict(loss=2.4, fp=2.2)],
+      "b": [dict(loss=2.5), dict(error="3 non-finite steps"), dict(loss=2.7)],
+  })
+  s = report.summarize("demo", rows, "fp32_adam", {"size": "tiny", "scale": "cpu", "steps": 3,
+                                                   "seeds": [0, 1, 2]})
+  ref, a, b = s["rows"]
+  assert ref["mean"] == pytest.approx(2.1) and ref["std"] == pytest.approx(0.1)
+  assert ref["wall_mean"] == pytest.approx(100.0)
+  assert a["mean"] == pytest.approx(2.3) and a["std"] == pytest.approx(0.1)
+  assert a["fp_mean"] == pytest.approx(2.1) and a["ratio_pct"] == pytest.approx(100 * (2.3 / 2.1 - 1))
+  assert b["mean"] == pytest.approx(2.6) and b["std"] == pytest.approx(2**0.5 / 10)
+  assert (b["n"], b["n_ok"], b["n_diverged"]) == (3, 2, 1)
+  assert ref["curve"] == {"steps": [1, 2], "mean": [5.5, 3.5],
+                          "std": pytest.approx([2**0.5 / 2, 2**0.5 / 2])}
+  md = report.markdown(s)
+  assert ("| fp32_adam | `mxfp4` | adam | 0.003 | 2.1000 ± 0.1000 | 2.0900 ± 0.1000 | +0.00% | 100 s "
+          "| 3/3 |") in md
+  assert "| a | `mxfp4` | adam | 0.003 | 2.3000 ± 0.1000 | 2.1000 ± 0.1000 | +9.52% |" in md
+  assert "| b | `mxfp4` | adam | 0.003 | 2.6000 ± 0.1414 |" in md and "2/3 (1 diverged)" in md
+  assert "- b: TrainingError: 3 non-finite steps" in md
+
+
+def _stats(tmp_path, table):
+  return {r["label"]: report.row_stats(r["runs"]) for r in _rows(tmp_path, table)}
+
+
+def test_quality_goals_against_hand_computed_verdicts(tmp_path):
+  three = lambda *losses: [dict(loss=x) for x in losses]
+  stats = _stats(tmp_path, {
+      "fp32_adam": three(2.0, 2.0, 2.0),
+      "mxfp4_bwd_adam": three(2.019, 2.019, 2.019),  # +0.95%: holds
+      "mxfp4_adam": three(2.06, 2.07, 2.08),  # +3.5%: fails
+      "nvfp4_adam": three(2.05, 2.05, 2.05),  # below mxfp4: holds
+      "mxfp4_naive_adam": three(2.07, 2.08, 2.09),  # +0.01 with 2 SE = 0.0163: not visible
+      "fp32_stable_spam": three(1.99, 1.99, 1.99),  # holds
+      "mxfp4_stable_spam": three(2.1, 2.1, 2.1),  # worse than adam: fails
+      "mxfp4_adam_lr3x": [dict(loss=2.2), dict(error="diverged"), dict(loss=2.2)],  # diverged: degrades
+      "mxfp4_stable_spam_lr3x": three(2.11, 2.11, 2.11),  # within +1% of 2.1 and < inf: holds
+  })
+  verdicts = [g["holds"] for g in report.quality_goals(stats)]
+  assert verdicts == [True, False, True, False, True, False, True, True]
+  stats["mxfp4_naive_adam"] = _stats(tmp_path / "n", {"mxfp4_naive_adam": three(2.3, 2.3, 2.31)})[
+      "mxfp4_naive_adam"]
+  assert report.quality_goals(stats)[3]["holds"] is True
+  del stats["nvfp4_adam"]
+  assert report.quality_goals(stats)[2]["holds"] is None  # not run: not measured
+  text = report.quality_markdown(report.quality_goals(stats))
+  assert "| nvfp4 no worse than mxfp4 | not run vs 2.0700 | not measured |" in text
