@@ -44,15 +44,23 @@ def batch_iterator(dataset, *, start_step: int, batch_size: int, seq_len: int, s
 
   `seq_len_at(step)`, if given, overrides seq_len per step (a sequence-length curriculum).
   """
+  def make(step):
+    length = seq_len_at(step) if seq_len_at is not None else seq_len
+    return dataset.train_batch(step, batch_size, length, seed, process_index, process_count)
+
+  return step_iterator(make, start_step=start_step, num_steps=num_steps, prefetch=prefetch)
+
+
+def step_iterator(make_batch, *, start_step: int, num_steps: int | None = None,
+                  prefetch: int = 4) -> Iterator[tuple[int, dict]]:
+  """Yields (step, make_batch(step)) from start_step on; grain threads compute `prefetch` ahead.
+
+  `make_batch` must be a pure function of the step (so the order of computation does not matter).
+  """
   import grain
 
   stop = start_step + (num_steps if num_steps is not None else 2**62)
-
-  def make(step):
-    length = seq_len_at(step) if seq_len_at is not None else seq_len
-    return step, dataset.train_batch(step, batch_size, length, seed, process_index, process_count)
-
-  ds = grain.MapDataset.range(start_step, stop).map(make)
+  ds = grain.MapDataset.range(start_step, stop).map(lambda step: (step, make_batch(step)))
   if prefetch <= 0:
     return iter(ds)
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=prefetch)))

@@ -2,16 +2,14 @@
 the run then reaches the same state as an uninterrupted one."""
 
 import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from small import small  # noqa: E402
+from config_helpers import small
 
-from lpjax.train.trainer import Trainer  # noqa: E402
+from lpjax.train.trainer import Trainer
 
 
 def same(a, b):

@@ -3,16 +3,14 @@ stop with an error naming the last good checkpoint, or roll back in high precisi
 
 import json
 import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from small import small  # noqa: E402
+from config_helpers import small
 
-from lpjax.train.trainer import Trainer, TrainingError  # noqa: E402
+from lpjax.train.trainer import Trainer, TrainingError
 
 
 def metrics(workdir):

@@ -9,7 +9,11 @@ import pytest
 from lpjax.train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "llama_*.py")))
+CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
+                 if not p.endswith("__init__.py"))
+VISION = ["resnet50_imagenet100_bf16", "resnet50_imagenet100_mxfp4", "resnet50_imagenet100_nvfp4",
+          "resnet_tiny_digits_bf16", "resnet_tiny_digits_mxfp4", "unet_cifar10_bf16",
+          "unet_cifar10_mxfp4", "unet_tiny_digits_bf16", "unet_tiny_digits_mxfp4"]
 
 
 def load(path):
@@ -24,6 +28,19 @@ def test_the_issue_configs_exist():
   for size in ("tiny", "60m", "130m", "350m", "1b"):
     for recipe in ("bf16", "mxfp4", "nvfp4"):
       assert f"llama_{size}_{recipe}" in names
+  assert set(VISION) <= names
+
+
+def test_vision_configs_use_the_recommended_recipes():
+  by_name = {os.path.basename(p)[:-3]: load(p).get_config() for p in CONFIGS}
+  c = by_name["resnet50_imagenet100_mxfp4"]
+  assert (c.task, c.model.name, c.data.tfds_name, c.data.classes) == (
+      "classification", "resnet50", "imagenet2012", "imagenet100")
+  assert (c.quant.recipe, c.optimizer.name, c.quant.loss_scale) == ("mxfp4", "adam", True)
+  d = by_name["unet_cifar10_mxfp4"]
+  assert (d.task, d.quant.recipe, d.optimizer.name) == ("diffusion", "mxfp4_e4m3scale", "stable_spam")
+  assert d.optimizer.grad_clip > 0
+  assert by_name["resnet_tiny_digits_bf16"].data.source == "digits"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)

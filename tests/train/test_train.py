@@ -7,24 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from lpjax.train import ConfigError, llama_config, validate
+from config_helpers import small
+from lpjax.train import ConfigError, validate
 from lpjax.train.trainer import Trainer
-
-
-def small(recipe="bf16", optimizer="adamw", steps=3, **overrides):
-  c = llama_config("tiny", recipe=recipe, optimizer=optimizer)
-  c.steps, c.batch_size, c.seq_len = steps, 8, 32
-  c.eval_every, c.eval_steps, c.checkpoint_every, c.log_every = 0, 1, 0, 1
-  c.optimizer.warmup_steps = 2
-  c.progress_bar = False
-  c.data.prefetch = 0
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
 
 
 def leaves(tree):
@@ -127,3 +112,31 @@ def test_unknown_config_key_is_named():
     c.optimizer.lrr = 1e-3
   with pytest.raises(ConfigError, match="optimizer.lrr"):
     validate(c, device_count=8)
+
+
+def test_sequence_length_curriculum(tmp_path):
+  """Short sequences first: 2 steps of 16 tokens, then 2 of 32 (data.seq_len_schedule)."""
+  from lpjax.train.config import seq_len_at
+
+  c = small(steps=4, **{"data.seq_len_schedule": "16:0.5"})
+  assert [seq_len_at(c, s) for s in range(4)] == [16, 16, 32, 32]
+  results = Trainer(c, str(tmp_path)).run()
+  assert results["tokens"] == 8 * (16 + 16 + 32 + 32)
+  per_second = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                if "train/loss" in l]
+  assert [r["step"] for r in per_second] == [1, 2, 3, 4]
+
+
+def test_distributed_initialize_gets_the_configured_arguments(monkeypatch, tmp_path):
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  c = small(**{"distributed.initialize": True, "distributed.coordinator_address": "10.0.0.1:1234",
+               "distributed.num_processes": 1, "distributed.process_id": 0})
+  Trainer(c, str(tmp_path))
+  assert calls == [{"coordinator_address": "10.0.0.1:1234", "num_processes": 1, "process_id": 0}]
+  calls.clear()
+  Trainer(small(**{"distributed.initialize": True}), str(tmp_path / "auto"))
+  assert calls == [{}]  # auto-detection (SLURM, TPU, ...) when nothing is given
+  calls.clear()
+  Trainer(small(), str(tmp_path / "off"))
+  assert calls == []

@@ -1,0 +1,140 @@
+"""Bad inputs wherever users reach in fail early with the exception type and a message that names
+the problem (and, where there is one, the fix). One table per entry point."""
+
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from config_helpers import small
+
+from lpjax import quant
+from lpjax.quant import recipes
+from lpjax.train import ConfigError, validate
+
+X = jnp.ones((4, 64), jnp.float32)
+
+QUANT_CASES = [
+    ("int input", lambda: quant.quantize(jnp.ones((4, 64), jnp.int32), "mxfp4"), TypeError,
+     "float array.*cast it first"),
+    ("unknown format", lambda: quant.quantize(X, "mxfp5"), ValueError, "mxfp5.*Did you mean"),
+    ("unknown rounding", lambda: quant.quantize(X, "mxfp4", rounding="nearest"), ValueError,
+     "nearest"),
+    ("SR without key", lambda: quant.fake_quant(X, "mxfp4", rounding="stochastic"), ValueError,
+     "needs an explicit key"),
+    ("axis out of range", lambda: quant.quantize(X, "mxfp4", axis=2), ValueError, "axis"),
+    ("bad e8m0 scale mode", lambda: quant.quantize(X, "mxfp4", scale_mode="round"), ValueError,
+     "round"),
+    ("dequantize of an array", lambda: quant.dequantize(X), TypeError, "needs a QArray"),
+    ("unknown recipe", lambda: recipes.get("mxfp44"), ValueError, "mxfp44.*Did you mean"),
+    ("nf4 with SR", lambda: quant.quantize(X, "nf4", rounding="stochastic",
+                                           key=jnp.zeros((2,), jnp.uint32)), ValueError,
+     "nearest_even"),
+]
+
+
+@pytest.mark.parametrize("name,call,error,match", QUANT_CASES, ids=[c[0] for c in QUANT_CASES])
+def test_quant_rejects(name, call, error, match):
+  with pytest.raises(error, match=match):
+    call()
+
+
+def _as_dict_config(**changes):
+  """A config written as a plain dict (no ConfigDict type safety), with `changes` applied."""
+  d = small().to_dict()
+  for key, value in changes.items():
+    node = d
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return ml_collections.ConfigDict(d)
+
+
+CONFIG_CASES = [
+    ("unknown key", lambda: _with_extra("optimizer.lrr", 1e-3), "optimizer.lrr"),
+    ("string for int", lambda: _as_dict_config(steps="100"), "steps must be a int.*'100'"),
+    ("float for int", lambda: _as_dict_config(batch_size=8.0), "batch_size must be a int"),
+    ("bool for float", lambda: _as_dict_config(**{"optimizer.lr": True}), "optimizer.lr must be a float"),
+    ("impossible mesh", lambda: small(**{"mesh.data": 2, "mesh.fsdp": 2}), "Impossible mesh"),
+    ("fsdp not dividing", lambda: small(**{"mesh.fsdp": 3}), "does not divide"),
+    ("batch not divisible", lambda: small(batch_size=12), "not divisible"),
+    ("sequence too long", lambda: small(**{"model.max_seq_len": 16}), "exceeds model.max_seq_len"),
+    ("curriculum too long", lambda: small(**{"data.seq_len_schedule": "64:0.5"}), "seq_len_schedule"),
+    ("tokenizer missing", lambda: small(**{"data.tokenizer": "/no/spiece.model"}), "SentencePiece"),
+    ("unknown recipe", lambda: small(**{"quant.recipe": "mxfp5"}), "mxfp5"),
+    ("unknown optimizer", lambda: small(**{"optimizer.name": "sgd"}), "valid: adamw"),
+    ("unknown task", lambda: small(task="segmentation"), "task 'segmentation'"),
+    ("lm with a resnet", lambda: small(**{"model.name": "resnet18"}), "task='classification'"),
+    ("classification with a unet", lambda: small(task="classification", **{
+        "model.name": "unet_tiny", "data.source": "digits"}), "not a classification model"),
+    ("text source for images", lambda: small(task="classification", **{
+        "model.name": "resnet_tiny"}), "not an image source"),
+    ("tfds without a name", lambda: small(**{"data.source": "tfds"}), "needs data.tfds_name"),
+    ("no checkpoints kept", lambda: small(keep_checkpoints=0), "keep_checkpoints must be >= 1"),
+    ("negative eval_every", lambda: small(eval_every=-1), "eval_every must be >= 0"),
+    ("zero steps", lambda: small(steps=0), "steps must be positive"),
+    ("missing FID checkpoint", lambda: small(task="diffusion", **{
+        "model.name": "unet_tiny", "data.source": "digits",
+        "diffusion.fid_inception_path": "/no/inception.npz"}), "fid_inception_path"),
+]
+
+
+def _with_extra(key, value):
+  c = small()
+  section, leaf = key.split(".")
+  with c.unlocked():
+    c[section][leaf] = value
+  return c
+
+
+@pytest.mark.parametrize("name,make,match", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_config_rejects_before_compiling(name, make, match):
+  with pytest.raises(ConfigError, match=match):
+    validate(make(), device_count=8)
+
+
+def test_data_rejects_missing_text_files(tmp_path):
+  from lpjax import data
+  with pytest.raises(FileNotFoundError, match="No text files match.*data.path"):
+    data.make_dataset("text", path=str(tmp_path / "*.txt"), cache_dir=str(tmp_path))
+
+
+def test_data_rejects_a_missing_tokenizer_file(tmp_path):
+  from lpjax import data
+  with pytest.raises(FileNotFoundError, match="spiece.model"):
+    data.get_tokenizer(str(tmp_path / "spiece.model"))
+
+
+def test_unprepared_tfds_text_dataset_names_the_prepare_command(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  from lpjax import data
+  with pytest.raises(FileNotFoundError, match=r"tfds build c4/en --file_format=array_record "
+                                              r"--data_dir=" + str(tmp_path)):
+    data.make_dataset("tfds", tfds_name="c4/en", tfds_data_dir=str(tmp_path))
+
+
+def test_unprepared_tfds_image_dataset_names_the_prepare_command(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  from lpjax.data.images import make_image_dataset
+  with pytest.raises(FileNotFoundError, match=r"tfds build cifar10.*array_record"):
+    make_image_dataset("tfds", tfds_name="cifar10", data_dir=str(tmp_path))
+
+
+def test_unknown_tfds_dataset_is_named(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  from lpjax import data
+  with pytest.raises(ValueError, match="'no_such_corpus' is unknown"):
+    data.make_dataset("tfds", tfds_name="no_such_corpus", tfds_data_dir=str(tmp_path))
+
+
+def test_a_model_longer_than_its_rope_table_is_refused():
+  import jax
+  from lpjax.models import llama
+  cfg = llama.LlamaConfig(vocab_size=11, hidden=32, intermediate=64, heads=2, layers=1,
+                          max_seq_len=8)
+  graphdef, _ = llama.abstract_model(cfg)
+  params = llama.init_params(cfg, jax.random.key(0))
+  with pytest.raises(ValueError, match="exceeds the model's max_seq_len 8"):
+    llama.apply(graphdef, cfg, params, np.zeros((1, 9), np.int32), None, jax.random.key(0))
