@@ -169,8 +169,10 @@ def main(argv=None):
           f"{r['eval_loss_fp32']:.4f} | {r['pixel_fd']:.2f} | {r['compile_s']:.0f} | "
           f"{r['steps_per_s']:.1f} | {r['samples_png']} |")
   print(f"\nPixel FD of {len(test)} (augmented) train images vs the test split: {floor:.2f} (the floor).")
-  print(json.dumps({"benchmark": "vision_diffusion", "steps": ARGS.steps, "batch_size": ARGS.batch_size,
-                    "pixel_fd_floor": floor, "results": results}))
+  summary = {"benchmark": "vision_diffusion", "steps": ARGS.steps, "batch_size": ARGS.batch_size,
+             "pixel_fd_floor": floor, "results": results}
+  print(json.dumps(summary))
+  return summary
 
 
 ARGS = None

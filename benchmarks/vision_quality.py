@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -152,10 +153,12 @@ def classification(args) -> dict:
 
 
 def diffusion(args) -> dict | None:
-  """The diffusion U-Net half (added with lpjax.models.unet); not implemented here yet."""
-  del args
-  print("\n(diffusion section: not implemented yet)", file=sys.stderr)
-  return None
+  """The tiny U-Net half: benchmarks/vision_diffusion.py (bf16 vs E4M3-scaled FP4, final and
+  held-out losses, a DDIM sample grid per recipe in runs/vision_diffusion/), with --steps."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import vision_diffusion
+
+  return vision_diffusion.main([f"--steps={args.steps}"])
 
 
 def main(argv=None) -> dict:
