@@ -12,7 +12,7 @@ Examples:
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("quant", "optim", "nn", "models", "data", "train", "pallas")
+_SUBMODULES = ("quant", "optim", "nn", "models", "data", "train", "pallas", "eval")
 
 
 def __getattr__(name):
