@@ -20,25 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lpjax import pallas, quant
-
-
-def _time(fn, args, repeats):
-  jax.block_until_ready(fn(*args))  # compile + warm up
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+from timing import median_seconds  # benchmarks/timing.py
 
 
 def _nbytes(tree):
@@ -110,7 +98,7 @@ def main():
   x = jax.random.normal(jax.random.key(0), (rows, cols), jnp.float32).astype(dtype)
 
   copy = jax.jit(jnp.negative)
-  copy_s = _time(copy, (x,), repeats)
+  copy_s = median_seconds(copy, x, repeats=repeats, warmup=2)
   copy_gbps = 2 * _nbytes(x) / copy_s / 1e9
   results = []
   for fmt in args.formats.split(","):
@@ -121,7 +109,7 @@ def main():
       moved = _nbytes(arg) + _nbytes(out_x)
       same = _same(out_k, out_x)
       for impl, fn in (("pallas", kernel_fn), ("xla", xla_fn)):
-        seconds = _time(fn, (arg,), repeats)
+        seconds = median_seconds(fn, arg, repeats=repeats, warmup=2)
         gbps = moved / seconds / 1e9
         results.append(dict(op=name, fmt=fmt, impl=impl, ms=seconds * 1e3, gbps=gbps,
                             frac_of_copy=gbps / copy_gbps, same_bits=same))

@@ -14,23 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from lpjax import quant
-
-
-def _time(fn, *args, repeats):
-  out = fn(*args)
-  jax.block_until_ready(out)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+from timing import median_seconds  # benchmarks/timing.py
 
 
 def main():
@@ -57,9 +46,9 @@ def main():
 
   copy_times, times = [], {c[0]: [] for c in cases}
   for _ in range(args.repeats):  # interleave so drift hits every kernel alike
-    copy_times.append(_time(copy, x, repeats=1))
+    copy_times.append(median_seconds(copy, x, repeats=1))
     for label, fn, _ in cases:
-      times[label].append(_time(fn, x, key, repeats=1))
+      times[label].append(median_seconds(fn, x, key, repeats=1))
   copy_gbs = 8 * n / statistics.median(copy_times) / 1e9
 
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {n} fp32 elements, "

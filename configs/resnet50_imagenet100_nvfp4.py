@@ -6,7 +6,7 @@ Needs imagenet2012 prepared as array_record (manual download of the ImageNet tar
     python train.py --config=configs/resnet50_imagenet100_nvfp4.py --workdir=runs/resnet50_imagenet100_nvfp4
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

@@ -4,7 +4,7 @@ minute or two.
     python train.py --config=configs/resnet_tiny_digits_bf16.py --workdir=runs/resnet_tiny_digits_bf16
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

@@ -4,7 +4,7 @@
     python train.py --config=configs/resnet_tiny_digits_mxfp4.py --workdir=runs/resnet_tiny_digits_mxfp4
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

@@ -5,7 +5,7 @@ Needs cifar10 prepared once: `tfds build cifar10 --file_format=array_record`. On
     python train.py --config=configs/unet_cifar10_bf16.py --workdir=runs/unet_cifar10_bf16
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

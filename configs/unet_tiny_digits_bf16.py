@@ -4,7 +4,7 @@ minutes; DDIM sample grids in <workdir>/samples/.
     python train.py --config=configs/unet_tiny_digits_bf16.py --workdir=runs/unet_tiny_digits_bf16
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

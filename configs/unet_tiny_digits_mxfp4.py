@@ -6,7 +6,7 @@ then runs at ~4 steps/s. `--config.quant.recipe=mxfp4_naive` compiles in about a
     python train.py --config=configs/unet_tiny_digits_mxfp4.py --workdir=runs/unet_tiny_digits_mxfp4
 """
 
-from lpjax.train.config import vision_config
+from lpjax.train.vision_configs import vision_config
 
 
 def get_config():

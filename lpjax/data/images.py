@@ -48,6 +48,7 @@ from lpjax.data.cache import _atomic_save, cache_dir as default_cache_dir
 from lpjax.data.image_ops import (pad_crop, random_flip, random_resized_crop, resize_bilinear,
                                   resize_center_crop)
 from lpjax.data.imagenet100 import CLASS_SUBSETS
+from lpjax.data.tfds_builders import tfds_builder
 from lpjax.data.token_stream import process_rows, row_rng
 
 SOURCES = ("digits", "tfds")
@@ -178,22 +179,8 @@ def digits_dataset(image_size: int = 0, augment: bool = True) -> ImageDataset:
 
 
 def _image_builder(name: str, data_dir: str | None):
-  import importlib
-
-  import tensorflow_datasets as tfds
-
-  try:
-    return tfds.builder(name, data_dir=data_dir)
-  except Exception as first:  # catalogue builders are registered when their module is imported
-    base = name.split("/")[0].split(":")[0]
-    for package in ("image_classification", "image", "datasets"):
-      try:
-        importlib.import_module(f"tensorflow_datasets.{package}.{base}")
-        return tfds.builder(name, data_dir=data_dir)
-      except Exception:
-        continue
-    raise ValueError(f"TFDS dataset {name!r} is unknown ({first}). Check data.tfds_name, e.g. "
-                     "'cifar10' or 'imagenet2012'.") from first
+  return tfds_builder(name, data_dir, ("image_classification", "image", "datasets"),
+                      "'cifar10' or 'imagenet2012'")
 
 
 def _prepare_command(builder, data_dir: str | None) -> str:

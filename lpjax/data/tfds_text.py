@@ -17,29 +17,17 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 
+from lpjax.data.tfds_builders import tfds_builder
 from lpjax.data.token_stream import _split, process_rows, row_rng
 from lpjax.data.tokenizers import get_tokenizer
 
 
 def _builder(name: str, data_dir: str | None):
-  import tensorflow_datasets as tfds
-
-  try:
-    return tfds.builder(name, data_dir=data_dir)
-  except Exception as first:  # builders of tfds' catalogue are registered on import
-    base = name.split("/")[0].split(":")[0]
-    for package in ("text", "datasets", "image_classification", "structured"):
-      try:
-        importlib.import_module(f"tensorflow_datasets.{package}.{base}")
-        return tfds.builder(name, data_dir=data_dir)
-      except Exception:
-        continue
-    raise ValueError(f"TFDS dataset {name!r} is unknown ({first}). Check data.tfds_name, e.g. "
-                     "'c4/en' or 'wikipedia/20230601.en'.") from first
+  return tfds_builder(name, data_dir, ("text", "datasets", "image_classification", "structured"),
+                      "'c4/en' or 'wikipedia/20230601.en'")
 
 
 def _prepare_hint(name: str, data_dir: str | None) -> str:

@@ -4,7 +4,7 @@ BatchNorm statistics are the task's model state (updated in train mode, frozen a
 trainer checkpoints and shards them with the parameters.
 
 Examples:
-  >>> from lpjax.train.config import vision_config
+  >>> from lpjax.train.vision_configs import vision_config
   >>> c = vision_config("resnet_tiny", recipe="bf16")
   >>> c.batch_size, c.data.prefetch = 4, 0
   >>> task = ClassificationTask(c)

@@ -2,7 +2,7 @@
 and, when an Inception checkpoint is configured, FID against the eval split.
 
 Examples:
-  >>> from lpjax.train.config import vision_config
+  >>> from lpjax.train.vision_configs import vision_config
   >>> c = vision_config("unet_tiny", recipe="bf16")
   >>> c.batch_size, c.data.prefetch = 4, 0
   >>> task = DiffusionTask(c)

@@ -2,7 +2,7 @@
 section, training batches from (seed, step), and the evaluation batches.
 
 Examples:
-  >>> from lpjax.train.config import vision_config
+  >>> from lpjax.train.vision_configs import vision_config
   >>> c = vision_config("resnet_tiny")
   >>> c.batch_size, c.eval_steps = 100, 0
   >>> len(list(_Demo(c).eval_batches(0, 1)))   # the 360 digits test images, 100 at a time
