@@ -26,6 +26,8 @@ def _parse():
   p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
   p.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
   p.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
+  p.add_argument("--remat", choices=("config", "on", "off"), default="config",
+                 help="block rematerialization of both programs: the config's, or forced on/off")
   p.add_argument("--skip_baseline", action="store_true")
   return p.parse_args()
 
@@ -40,6 +42,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from lpjax.models import llama  # noqa: E402
+from lpjax.nn.sharding_hints import activation_sharding  # noqa: E402
 from lpjax.train import config as cfg_lib  # noqa: E402
 from lpjax.train import sharding as shd  # noqa: E402
 from lpjax.train.optimizers import make_optimizer  # noqa: E402
@@ -81,7 +84,10 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
 
   step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)
   start = time.time()
-  compiled = jax.jit(lambda s, b, k: step(s, b, k, None), donate_argnums=(0,)).lower(
+  def traced_step(s, b, k):
+    with activation_sharding(shd.activation_resolver(mesh)):
+      return step(s, b, k, None)
+  compiled = jax.jit(traced_step, donate_argnums=(0,)).lower(
       state, batch, jax.random.key(0)).compile()
   compile_s = time.time() - start
   m = compiled.memory_analysis()
@@ -107,6 +113,8 @@ def main():
   config = load_config(ARGS.config)
   if ARGS.batch_size:
     config.batch_size = ARGS.batch_size
+  if ARGS.remat != "config":
+    config.model.remat = ARGS.remat == "on"
   gib = 2.0**30
   rows = []
   total, parts, secs = per_device_bytes(config, ARGS.vocab, devices)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lpjax.nn import QDense, QEinsum, apply_policy
+from lpjax.nn.sharding_hints import constrain
 from lpjax.quant import recipes
 from lpjax.quant.policy import QuantPolicy, recipe_override
 
@@ -38,6 +39,12 @@ PARTITION_RULES = (
     (r"lm_head/kernel", ("embed", "vocab")),
     (r"norm", ("norm",)),
 )
+
+# Logical axes of the activations (hints that the trainer maps onto its mesh; no-ops elsewhere).
+_EMBED = ("batch", "length", "act_embed")
+_HEADS = ("batch", "length", "act_heads", None)
+_MLP = ("batch", "length", "act_mlp")
+_VOCAB = ("batch", "length", "act_vocab")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,7 +144,7 @@ class Attention(nnx.Module):
   def __call__(self, x, key):
     b, length, d = x.shape
     keys = jax.random.split(key, 6)
-    split = lambda t: t.reshape(b, length, self.heads, self.head_dim)
+    split = lambda t: constrain(t.reshape(b, length, self.heads, self.head_dim), _HEADS)
     q = rope(split(self.q_proj(x, key=keys[0])), self.theta)
     k = rope(split(self.k_proj(x, key=keys[1])), self.theta)
     v = split(self.v_proj(x, key=keys[2]))
@@ -159,7 +166,7 @@ class MLP(nnx.Module):
   def __call__(self, x, key):
     k = jax.random.split(key, 3)
     h = jax.nn.silu(self.gate_proj(x, key=k[0])) * self.up_proj(x, key=k[1])
-    return self.down_proj(h, key=k[2])
+    return self.down_proj(constrain(h, _MLP), key=k[2])
 
 
 class Block(nnx.Module):
@@ -172,8 +179,8 @@ class Block(nnx.Module):
 
   def __call__(self, x, key):
     k1, k2 = jax.random.split(key)
-    x = x + self.attn(self.attn_norm(x), k1)
-    return x + self.mlp(self.mlp_norm(x), k2)
+    x = constrain(x + self.attn(self.attn_norm(x), k1), _EMBED)
+    return constrain(x + self.mlp(self.mlp_norm(x), k2), _EMBED)
 
 
 class Llama(nnx.Module):
@@ -202,7 +209,7 @@ class Llama(nnx.Module):
     table = self.embed.embedding[...]
     if cfg.pure:  # "pure" low precision: the embedding table is fake-quantized too
       table = _fake_quant_table(table, self.lm_head.active_recipe(), key)
-    x = jnp.take(table, tokens, axis=0).astype(jnp.dtype(cfg.compute_dtype))
+    x = constrain(jnp.take(table, tokens, axis=0).astype(jnp.dtype(cfg.compute_dtype)), _EMBED)
     keys = jax.random.split(key, cfg.layers + 1)
     run_block = lambda blk, h, k: blk(h, k)
     if cfg.remat:
@@ -213,7 +220,7 @@ class Llama(nnx.Module):
     else:
       for i, block in enumerate(self.layers):
         x = run_block(block, x, keys[i])
-    return self.lm_head(self.norm(x), key=keys[-1])
+    return constrain(self.lm_head(self.norm(x), key=keys[-1]), _VOCAB)
 
 
 def _fake_quant_table(table, recipe, key):

@@ -32,6 +32,12 @@ LOGICAL_RULES = {
     "vocab": ("tensor",),
     "length": None,
     "norm": None,
+    # activations (lpjax.nn.sharding_hints): the residual stream is replicated over fsdp and
+    # tensor; the MLP hidden units, attention heads and logits are split over tensor
+    "act_embed": None,
+    "act_mlp": ("tensor",),
+    "act_heads": ("tensor",),
+    "act_vocab": ("tensor",),
 }
 
 
@@ -86,6 +92,18 @@ def tree_shardings(tree, mesh: Mesh, rules):
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def activation_resolver(mesh: Mesh):
+  """A resolver for lpjax.nn.sharding_hints: logical activation axes -> NamedSharding on `mesh`.
+
+  Arrays without a batch axis (e.g. RoPE tables) are left to XLA.
+  """
+  def resolve(logical_axes, shape):
+    if "batch" not in logical_axes:
+      return None
+    return NamedSharding(mesh, spec_for(logical_axes, shape, mesh))
+  return resolve
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from lpjax import optim
+from lpjax.nn.sharding_hints import constrain
 
 
 @jax.tree_util.register_dataclass
@@ -84,11 +85,14 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
                                                state.step, state.loss_scale, recipe)
     else:
       k = grad_accum_steps
-      micro = jax.tree.map(lambda a: jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]),
-                                                  0, 1), batch)
+      # microbatch i = rows i, i + k, ...: each device keeps its rows (hinted for XLA)
+      micro = jax.tree.map(
+          lambda a: constrain(jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]), 0, 1),
+                              (None, "batch") + (None,) * (a.ndim - 1)), batch)
 
       def body(carry, inputs):
         i, mb = inputs
+        mb = jax.tree.map(lambda a: constrain(a, ("batch",) + (None,) * (a.ndim - 1)), mb)
         total_loss, total_grads, model_state = carry
         loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
                                                  jax.random.fold_in(step_key, i), state.step,

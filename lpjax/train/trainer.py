@@ -23,6 +23,7 @@ import time
 import jax
 import numpy as np
 
+from lpjax.nn.sharding_hints import activation_sharding
 from lpjax.train import config as cfg_lib
 from lpjax.train import sharding as shd
 from lpjax.train.checkpoint import Checkpointer
@@ -136,19 +137,25 @@ class Trainer:
 
   # --- steps ----------------------------------------------------------------------------------
 
+  def activation_hints(self):
+    """The context the steps are traced in: the model's activation hints map onto the mesh."""
+    return activation_sharding(shd.activation_resolver(self.mesh))
+
   def train_step(self, recipe):
     if ("train", recipe) not in self._compiled:
       log.info("Compiling the train step for recipe %s.", recipe or self.config.quant.recipe)
 
       def step(state, batch, key):
-        return self._train_step(state, batch, key, recipe)
+        with self.activation_hints():
+          return self._train_step(state, batch, key, recipe)
       self._compiled[("train", recipe)] = jax.jit(step, donate_argnums=(0,))
     return self._compiled[("train", recipe)]
 
   def eval_step(self, recipe):
     if ("eval", recipe) not in self._compiled:
       def sums(params, model_state, batch):
-        return self.task.eval_sums(params, model_state, batch, recipe)
+        with self.activation_hints():
+          return self.task.eval_sums(params, model_state, batch, recipe)
       self._compiled[("eval", recipe)] = jax.jit(sums)
     return self._compiled[("eval", recipe)]
 
