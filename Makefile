@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test train clean
+.PHONY: venv test train clean venv-tf test-tf
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,5 +23,19 @@ train: venv
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
+# The optional TensorFlow extra (tf.data reading of tfrecord TFDS datasets) in its own venv, and
+# the tests that need it (CI runs the rest; these skip there).
+TF_VENV ?= .venv-tf
+$(TF_VENV)/bin/python:
+	$(PY) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/pip install -q --upgrade pip
+
+venv-tf: $(TF_VENV)/bin/python
+	$(TF_VENV)/bin/pip install -q -r requirements-tf.txt
+	$(TF_VENV)/bin/pip install -q --no-deps -e .
+
+test-tf: venv-tf
+	$(TF_VENV)/bin/python -m pytest -n 2 tests/data/test_tfds_text_tf.py tests/data/test_data.py $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(TF_VENV) build *.egg-info

@@ -19,8 +19,9 @@ SOURCES = ("embedded", "text", "tfds")
 
 def make_dataset(source: str = "embedded", *, path: str = "", tfds_name: str = "",
                  tokenizer: str = "byte", tfds_data_dir: str | None = None,
-                 cache_dir: str | None = None, text_key: str = "text"):
-  """The dataset named by a config's `data` section."""
+                 cache_dir: str | None = None, text_key: str = "text",
+                 tfds_reader: str = "auto", seq_len: int = 0):
+  """The dataset named by a config's `data` section (`seq_len`: the tf.data reader's row length)."""
   if source == "embedded":
     from lpjax.data.text_files import embedded_dataset
     return embedded_dataset(tokenizer, cache_root=cache_dir)
@@ -33,7 +34,8 @@ def make_dataset(source: str = "embedded", *, path: str = "", tfds_name: str = "
     if not tfds_name:
       raise ValueError("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")
     from lpjax.data.tfds_text import tfds_text_dataset
-    return tfds_text_dataset(tfds_name, tokenizer, data_dir=tfds_data_dir, text_key=text_key)
+    return tfds_text_dataset(tfds_name, tokenizer, data_dir=tfds_data_dir, text_key=text_key,
+                             reader=tfds_reader, row_len=seq_len)
   raise ValueError(f"Unknown data.source {source!r}; valid: {', '.join(SOURCES)}.")
 
 

@@ -1,5 +1,8 @@
 """TFDS text datasets (c4/en or any text dataset) through `tfds.data_source` (array_record).
 
+(Datasets prepared in TFDS's default tfrecord format are read through tf.data instead when
+TensorFlow is installed: `tfds_text_dataset(..., reader="tf_data")`, lpjax/data/tfds_text_tf.py.)
+
 Random access makes batches a pure function of (seed, step, row): each row draws documents at
 random (with replacement), tokenizes them and packs them, separated by EOS, into seq_len + 1
 tokens. No TensorFlow is needed. Prepare the dataset once as array_record:
@@ -17,12 +20,15 @@ Examples:
 
 from __future__ import annotations
 
+import logging
 
 import numpy as np
 
 from lpjax.data.tfds_builders import tfds_builder
 from lpjax.data.token_stream import _split, process_rows, row_rng
 from lpjax.data.tokenizers import get_tokenizer
+
+log = logging.getLogger("lpjax.data")
 
 
 def _builder(name: str, data_dir: str | None):
@@ -75,13 +81,55 @@ class TfdsTextDataset:
     return _split(np.stack(rows))
 
 
+READERS = ("auto", "data_source", "tf_data")
+
+
 def tfds_text_dataset(name: str, tokenizer: str = "byte", *, data_dir: str | None = None,
                       train_split: str = "train", eval_split: str = "validation",
-                      text_key: str = "text") -> TfdsTextDataset:
+                      text_key: str = "text", reader: str = "auto", row_len: int = 0):
+  """A TFDS text dataset, read with `reader`:
+
+  - "data_source": `tfds.data_source` over array_record (random access, no TensorFlow);
+  - "tf_data": tf.data over the default tfrecord files (needs TensorFlow; `row_len` = the run's
+    longest seq_len; see lpjax.data.tfds_text_tf);
+  - "auto": array_record if prepared so, else tf.data if TensorFlow is installed.
+  """
+  if reader not in READERS:
+    raise ValueError(f"data.tfds_reader {reader!r} is unknown; valid: {', '.join(READERS)}.")
+  builder = _builder(name, data_dir)  # a clear error for unknown names; registers catalogue builders
+  if reader == "tf_data":
+    return _tf_data(name, tokenizer, data_dir, train_split, eval_split, text_key, row_len, builder)
+  try:
+    return _data_source(name, tokenizer, data_dir, train_split, eval_split, text_key)
+  except FileNotFoundError as array_record_error:
+    from lpjax.data import tfds_text_tf
+    if reader == "data_source" or not tfds_text_tf.tensorflow_available():
+      if reader == "auto":
+        raise FileNotFoundError(
+            f"{array_record_error}\nOr, for a dataset prepared in TFDS's default tfrecord format, "
+            f"install TensorFlow to read it through tf.data:\n    {tfds_text_tf.TF_INSTALL_HINT}"
+        ) from array_record_error
+      raise
+    log.info("%s is not prepared as array_record; reading it through tf.data.", name)
+    try:
+      return _tf_data(name, tokenizer, data_dir, train_split, eval_split, text_key, row_len,
+                      builder)
+    except FileNotFoundError as tfrecord_error:
+      raise FileNotFoundError(f"{array_record_error}\nNor is it prepared as tfrecord for tf.data "
+                              f"({tfrecord_error}).") from tfrecord_error
+
+
+def _tf_data(name, tokenizer, data_dir, train_split, eval_split, text_key, row_len, builder):
+  from lpjax.data.tfds_text_tf import tfds_text_tf_dataset
+  return tfds_text_tf_dataset(name, tokenizer, row_len=row_len, data_dir=data_dir,
+                              train_split=train_split, eval_split=eval_split, text_key=text_key,
+                              builder=builder)
+
+
+def _data_source(name, tokenizer, data_dir, train_split, eval_split, text_key) -> TfdsTextDataset:
   """A TFDS text dataset prepared as array_record, read with tfds.data_source."""
   import tensorflow_datasets as tfds
 
-  _builder(name, data_dir)  # a clear error for unknown names; registers catalogue builders
   try:
     train = tfds.data_source(name, split=train_split, data_dir=data_dir, download=False)
     evaluation = tfds.data_source(name, split=eval_split, data_dir=data_dir, download=False)

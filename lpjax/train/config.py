@@ -96,9 +96,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.source = "embedded"  # text: embedded (offline stdlib corpus) | text | tfds; images: digits | tfds
   c.data.path = ""  # text: a file or glob
-  c.data.tfds_name = ""  # tfds: e.g. "c4/en" (prepared as array_record)
+  c.data.tfds_name = ""  # tfds: e.g. "c4/en" (array_record; tfrecord too with TensorFlow)
   c.data.tfds_data_dir = ""  # tfds: data_dir ("" = TFDS default)
   c.data.text_key = "text"  # tfds: the feature holding the text
+  c.data.tfds_reader = "auto"  # tfds text: auto | data_source (array_record) | tf_data (TensorFlow)
   c.data.tokenizer = "byte"  # "byte" or the path of a SentencePiece .model file
   c.data.cache_dir = ""  # tokenized-corpus cache ("" = $LPJAX_CACHE_DIR or ~/.cache/lpjax)
   c.data.prefetch = 4  # batches computed ahead by grain threads
@@ -352,6 +353,9 @@ def _validate_task(config) -> int:
     raise ConfigError("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")
   if config.data.source not in ("embedded", "text", "tfds"):
     raise ConfigError(f"data.source {config.data.source!r} is unknown; valid: embedded, text, tfds.")
+  if config.data.tfds_reader not in ("auto", "data_source", "tf_data"):
+    raise ConfigError(f"data.tfds_reader {config.data.tfds_reader!r} is unknown; valid: auto, "
+                      "data_source (array_record), tf_data (needs TensorFlow).")
   return size.heads
 
 
