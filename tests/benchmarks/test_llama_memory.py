@@ -1,0 +1,43 @@
+"""benchmarks/llama_memory.py: the CLI's JSON contract and properties of what it measures."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import llama_memory  # noqa: E402
+
+
+def test_last_line_is_the_json_result():
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "llama_memory.py"),
+       "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["devices"] == 8
+  assert result["per_device_bytes"] > 0 and result["baseline_per_device_bytes"] > 0
+  assert abs(result["ratio"] - result["per_device_bytes"] / result["baseline_per_device_bytes"]) < 1e-9
+
+
+def test_remat_and_fsdp_lower_the_per_device_memory():
+  """Rematerialization keeps less, and fsdp over 8 devices holds 1/8 of the weights per device."""
+  config = llama_memory.baseline_of(llama_memory.load_config(
+      os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")))
+  config.batch_size, config.seq_len = 64, 128
+  config.mesh.data, config.mesh.fsdp = 1, 8
+  sizes = {}
+  for remat in (False, True):
+    config.model.remat = remat
+    sizes[remat] = llama_memory.per_device_bytes(config.copy_and_resolve_references(), 512,
+                                                 jax.devices()[:8])
+  assert sizes[True][1]["temporaries"] < sizes[False][1]["temporaries"]
+  one = config.copy_and_resolve_references()
+  one.mesh.data, one.mesh.fsdp = 1, 1
+  _, parts_one, _ = llama_memory.per_device_bytes(one, 512, jax.devices()[:1])
+  params_8 = sizes[True][1]["arguments"]
+  assert params_8 < parts_one["arguments"] / 4  # weights and moments sharded 8 ways (+ the batch)
