@@ -18,6 +18,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -107,9 +108,32 @@ class RMSNorm(nnx.Module):
     self.eps = eps
 
   def __call__(self, x):
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    return _rms_norm(x, self.scale[...], self.eps)
+
+
+# The nonlinear pieces are recomputed in the backward pass from their inputs (jax.checkpoint),
+# so a step without remat keeps only those inputs, in the compute dtype, instead of every float32
+# intermediate (selective recomputation, as Megatron's; the values are bit-identical).
+@functools.partial(jax.checkpoint, static_argnums=(2,))
+def _rms_norm(x, scale, eps: float):
+  xf = x.astype(jnp.float32)
+  y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+@functools.partial(jax.checkpoint, static_argnums=(1,))
+def _causal_softmax(scores, temperature: float):
+  """softmax(scores / temperature) over the last axis, causally masked, in float32."""
+  length = scores.shape[-1]
+  logits = scores.astype(jnp.float32) / temperature
+  causal = jnp.tril(jnp.ones((length, length), bool))
+  logits = jnp.where(causal[None, None], logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+@jax.checkpoint
+def _swiglu(gate, up):
+  return jax.nn.silu(gate) * up
 
 
 def rope(x, theta: float):
@@ -148,10 +172,8 @@ class Attention(nnx.Module):
     q = rope(split(self.q_proj(x, key=keys[0])), self.theta)
     k = rope(split(self.k_proj(x, key=keys[1])), self.theta)
     v = split(self.v_proj(x, key=keys[2]))
-    scores = self.attn_scores(q, k, key=keys[3]).astype(jnp.float32) / math.sqrt(self.head_dim)
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    scores = self.attn_scores(q, k, key=keys[3])
+    probs = _causal_softmax(scores, math.sqrt(self.head_dim)).astype(x.dtype)
     out = self.attn_values(probs, v, key=keys[4]).reshape(b, length, d)
     return self.o_proj(out, key=keys[5])
 
@@ -165,7 +187,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x, key):
     k = jax.random.split(key, 3)
-    h = jax.nn.silu(self.gate_proj(x, key=k[0])) * self.up_proj(x, key=k[1])
+    h = _swiglu(self.gate_proj(x, key=k[0]), self.up_proj(x, key=k[1]))
     return self.down_proj(constrain(h, _MLP), key=k[2])
 
 
