@@ -1,4 +1,4 @@
-"""benchmarks/llama_memory.py: the CLI's JSON contract and properties of what it measures."""
+"""benchmarks/llama_memory.py (the JSON contract, what it measures) and benchmarks/sharding_hints.py."""
 
 import json
 import os
@@ -41,3 +41,12 @@ def test_remat_and_fsdp_lower_the_per_device_memory():
   _, parts_one, _ = llama_memory.per_device_bytes(one, 512, jax.devices()[:1])
   params_8 = sizes[True][1]["arguments"]
   assert params_8 < parts_one["arguments"] / 4  # weights and moments sharded 8 ways (+ the batch)
+
+
+def test_sharding_hints_benchmark_runs():
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "sharding_hints.py"), "--devices=8",
+       "--recipe=bf16", "--optimizer=adamw", "--batch_size=16", "--seq_len=32", "--repeats=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["step_s_with_hints"] > 0 and result["step_s_without_hints"] > 0
