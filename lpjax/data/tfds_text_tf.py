@@ -118,7 +118,7 @@ class TfDataTextDataset:
     with self._lock:
       stream = self._streams.get(key)
       if stream is None or (step < stream.next_step and step not in stream.ready):
-        if stream is not None or step > 0:
+        if step > 0:
           log.info("tf.data stream of %s: reading forward to step %d (re-reads the %d batches "
                    "before it; array_record data resumes without this).", self.name, step, step)
         start = time.time()
