@@ -47,11 +47,10 @@ def _parse():
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # before jax is imported
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
-  if ARGS.licm == "off":
-    os.environ["XLA_FLAGS"] += " --xla_disable_hlo_passes=while-loop-invariant-code-motion"
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from cpu_devices import use_virtual_cpu_devices
+  use_virtual_cpu_devices(ARGS.devices, *(["--xla_disable_hlo_passes=while-loop-invariant-code-"
+                                           "motion"] if ARGS.licm == "off" else []))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

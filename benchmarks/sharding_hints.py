@@ -29,16 +29,15 @@ def _parse():
   return p.parse_args()
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # before jax is imported
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={ARGS.devices}").strip()
+  from cpu_devices import use_virtual_cpu_devices
+  use_virtual_cpu_devices(ARGS.devices)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import median_seconds  # noqa: E402
 
 from lpjax.train import llama_config  # noqa: E402
