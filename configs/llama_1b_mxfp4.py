@@ -3,8 +3,13 @@
     python train.py --config=configs/llama_1b_mxfp4.py --workdir=runs/llama_1b_mxfp4 \
         --config.data.tokenizer=/path/to/t5/spiece.model
 
-Needs c4/en prepared as array_record (`tfds build c4/en --file_format=array_record`) and T5's
-SentencePiece model (vocab 32000); see NUMERICS.md §10 for the paper settings.
+Needs c4/en prepared as array_record (`tfds build c4/en --file_format=array_record`), or in TFDS's
+default tfrecord format with TensorFlow installed (`pip install -e '.[tf]'`; read through tf.data),
+and T5's SentencePiece model (vocab 32000); see NUMERICS.md §10 for the paper settings.
+
+Per-device memory, XLA's estimate (benchmarks/llama_memory.py, docs/results.md "Memory"): 3.9 GiB
+with remat; with --config.model.remat=False about 7.5 GiB (FP4-packed GEMM residuals), which
+also fits a 40 GB A100 and skips the recomputation.
 """
 
 from lpjax.train.config import paper_config
