@@ -160,6 +160,12 @@ def _x0_from_eps(x, eps, abar, clip_x0):
   return jnp.clip(x0, -1.0, 1.0) if clip_x0 else x0
 
 
+def _predict(eps_fn, x, t, abar, clip_x0):
+  """(eps_hat, x0_hat) of the batch x at timestep t (a scalar) whose alpha-bar is abar."""
+  eps = eps_fn(x, jnp.full((x.shape[0],), t, jnp.int32)).astype(jnp.float32)
+  return eps, _x0_from_eps(x, eps, abar, clip_x0)
+
+
 def ddpm_sample(eps_fn: EpsFn, schedule: NoiseSchedule, shape, key, *, steps: int | None = None,
                 clip_x0: bool = True, x_init=None):
   """Ancestral DDPM sampling: x_{t-1} = mu_tilde(x_t, x0_hat) + sqrt(beta_tilde_t) z (no noise at the
@@ -174,8 +180,7 @@ def ddpm_sample(eps_fn: EpsFn, schedule: NoiseSchedule, shape, key, *, steps: in
 
   def step(i, x):
     j = n - 1 - i
-    eps = eps_fn(x, jnp.full((shape[0],), ts[j], jnp.int32)).astype(jnp.float32)
-    x0 = _x0_from_eps(x, eps, abar[j], clip_x0)
+    _, x0 = _predict(eps_fn, x, ts[j], abar[j], clip_x0)
     z = jax.random.normal(jax.random.fold_in(k_loop, j), shape, jnp.float32)
     return coef_x0[j] * x0 + coef_xt[j] * x + jnp.where(j > 0, std[j], 0.0) * z
 
@@ -194,8 +199,7 @@ def ddim_sample(eps_fn: EpsFn, schedule: NoiseSchedule, shape, key, *, steps: in
 
   def step(i, x):
     j = n - 1 - i
-    eps = eps_fn(x, jnp.full((shape[0],), ts[j], jnp.int32)).astype(jnp.float32)
-    x0 = _x0_from_eps(x, eps, abar[j], clip_x0)
+    eps, x0 = _predict(eps_fn, x, ts[j], abar[j], clip_x0)
     if clip_x0:
       eps = (x - jnp.sqrt(abar[j]) * x0) / jnp.sqrt(1.0 - abar[j])
     sigma = eta * jnp.sqrt((1.0 - abar_prev[j]) / (1.0 - abar[j]) * (1.0 - abar[j] / abar_prev[j]))

@@ -92,7 +92,6 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
 
       def body(carry, inputs):
         i, mb = inputs
-        mb = jax.tree.map(lambda a: constrain(a, ("batch",) + (None,) * (a.ndim - 1)), mb)
         total_loss, total_grads, model_state = carry
         loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
                                                  jax.random.fold_in(step_key, i), state.step,
