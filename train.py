@@ -19,7 +19,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from lpjax.train import train_and_evaluate  # after flags: keeps --help fast
-  from lpjax.train.trainer import setup_logging
+  from lpjax.train import setup_logging
 
   setup_logging()
 

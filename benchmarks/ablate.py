@@ -12,7 +12,7 @@ optimizer, schedule, block_size, quality (exactly the rows of the issue's qualit
 Every sweep includes the reference row fp32_adam (FP32 GEMMs, Adam) and reports each row's final
 eval loss relative to it, at equal steps.
 
-Each (row, seed) trains in DIR/runs/<sweep>/<row>/seed<k> through lpjax.train.trainer.Trainer
+Each (row, seed) trains in DIR/runs/<sweep>/<row>/seed<k> through lpjax.train.Trainer
 (in-process; --jobs N runs N at once in spawned processes, for many-core CPUs: each process sees
 every device and JAX preallocates most of a GPU's memory, so use one job on a GPU). A run whose
 results.json (or failed.json) exists is skipped, so an interrupted sweep resumes by running the
@@ -26,8 +26,9 @@ with quantization off, % vs FP32 Adam, wall time, seeds; the train.py command of
 DIR/<sweep>.json (every number), DIR/<sweep>_curves.png, DIR/<sweep>_final.png, and for the
 quality sweep DIR/quality_goals.md (goal / measured / holds).
 
-CPU scale: paper_config("tiny") (300 steps of 16 x 128 byte tokens on the offline corpus, lr 3e-3).
-Paper scale: paper_config(--size) (C4 en, T5 tokenizer: give data.tokenizer with --set).
+CPU scale: configs/llama_tiny_bf16.py (300 steps of 16 x 128 byte tokens on the offline corpus,
+lr 3e-3). Paper scale: configs/llama_<--size>_bf16.py (C4 en, T5 tokenizer: give data.tokenizer
+with --set). Each row then sets its recipe and optimizer.
 --steps N shortens every run (the lr warm-up keeps its share); --set key=value changes any config
 field of every run (e.g. --set batch_size=8).
 """
@@ -167,7 +168,7 @@ def run_task(task: Task, args) -> dict:
   """Trains one (row, seed) in its workdir; a raised error goes to failed.json."""
   import jax
 
-  from lpjax.train.trainer import Trainer
+  from lpjax.train import Trainer
 
   # Seeds of a row compile the same programs: the persistent cache compiles them once.
   cache = os.environ.get("LPJAX_JAX_CACHE_DIR") or os.path.join(

@@ -1,8 +1,8 @@
 """The ablation sweeps of benchmarks/ablate.py: rows as data, and the config of one (row, seed).
 
-A row is a recipe spec (`lpjax.quant.recipe_spec`), an optimizer with its paper settings, a
-learning-rate multiple and a few config overrides, applied on top of
-`lpjax.train.config.paper_config(size, ...)` ("tiny" at CPU scale). Every sweep starts with the
+A row is a recipe spec (`lpjax.quant._recipe_variants`), an optimizer with its paper settings, a
+learning-rate multiple and a few config overrides, applied on top of the size's paper run,
+configs/llama_<size>_bf16.py ("tiny" at CPU scale). Every sweep starts with the
 reference row FP32 + Adam, against which every table reports its loss ratio.
 """
 
@@ -148,14 +148,17 @@ def row_config(row: Row, *, size: str, seed: int, steps: int | None = None, sets
 
   With `steps`, the lr warm-up keeps its share of the run (at least one step).
   """
-  c = cfg_lib.paper_config(size, recipe=row.recipe, optimizer=row.optimizer)
-  run = cfg_lib.PAPER_RUNS[size]
+  c = load_config_file(f"configs/llama_{size}_bf16.py")  # the size's paper run
+  paper_steps, paper_warmup, paper_lr = c.steps, c.optimizer.warmup_steps, c.optimizer.lr
+  c.quant.recipe = row.recipe
+  c.optimizer.name = row.optimizer
+  c.optimizer.update(cfg_lib.optimizer_defaults(row.optimizer))  # its paper b1, b2, eps, ...
   c.seed = seed
   c.progress_bar = False
   if steps:
     c.steps = steps
-    c.optimizer.warmup_steps = max(1, round(run.warmup_steps * steps / run.steps))
-  c.optimizer.lr = run.lr * row.lr_scale
+    c.optimizer.warmup_steps = max(1, round(paper_warmup * steps / paper_steps))
+  c.optimizer.lr = paper_lr * row.lr_scale
   for key, value in tuple(row.overrides) + tuple(sets):
     set_key(c, key, value)
   return c

@@ -23,10 +23,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import operand as opq
-from lpjax.quant import recipes
-from lpjax.quant.gemm import dot_general
-from lpjax.quant.recipe import OperandQuant
+from lpjax.quant import OperandQuant, dot_general, recipes
+from lpjax.quant import _operand as opq  # the operand quantizers the GEMMs use (no public API)
 
 _DN = (((1,), (0,)), ((), ()))  # (tokens, d) x (d, f)
 

@@ -56,12 +56,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from lpjax.models import llama  # noqa: E402
-from lpjax.nn.sharding_hints import activation_sharding  # noqa: E402
+from lpjax.nn import activation_sharding  # noqa: E402
 from lpjax.train import config as cfg_lib  # noqa: E402
-from lpjax.train import sharding as shd  # noqa: E402
-from lpjax.train.optimizers import make_optimizer  # noqa: E402
-from lpjax.train.step import init_state, make_train_step  # noqa: E402
-from lpjax.train.tasks.lm import cross_entropy  # noqa: E402
+from lpjax.train import _sharding as shd  # noqa: E402
+from lpjax.train._precision import build_policy  # noqa: E402
+from lpjax.train._optimizers import make_optimizer  # noqa: E402
+from lpjax.train._step import init_state, make_train_step  # noqa: E402
+from lpjax.train._tasks.lm import cross_entropy  # noqa: E402
 
 
 def load_config(path: str):
@@ -77,12 +78,17 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
     config.model.vocab_size = vocab
   config = cfg_lib.validate(config, len(devices))
   mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
-  model_cfg = llama.LlamaConfig.from_config(config, vocab)
-  graphdef, _ = llama.abstract_model(model_cfg)
+  m = config.model
+  model_cfg = llama.LlamaConfig.from_size(
+      m.size, vocab_size=m.vocab_size or vocab, max_seq_len=m.max_seq_len or config.seq_len,
+      remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
+      param_dtype=m.param_dtype)
+  policy = build_policy(config)  # config.quant.*: the run's recipes, kept layers, residuals
+  graphdef, _ = llama.abstract_model(model_cfg, policy)
   tx = make_optimizer(config)
 
   def init(key):
-    return init_state(llama.init_params(model_cfg, key), None, tx,
+    return init_state(llama.init_params(model_cfg, key, policy), None, tx,
                       loss_scale=config.quant.loss_scale)
 
   abstract = jax.eval_shape(init, jax.random.key(0))
@@ -92,8 +98,8 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
   tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,
                                 sharding=shd.batch_sharding(mesh))
   batch = {"inputs": tokens, "targets": tokens}
-  def loss_fn(params, model_state, batch, key, recipe):
-    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], recipe, key)
+  def loss_fn(params, model_state, batch, key, step_policy):
+    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
     return cross_entropy(logits, batch["targets"])[0], (model_state, {})
 
   step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)

@@ -1,6 +1,6 @@
 """Optimizer-state memory of Stable-SPAM (fp32 vs bf16 moments) for the LLaMA-60M shapes.
 
-Builds the parameter shapes of the paper's LLaMA-60M (NUMERICS §10: hidden 512, intermediate
+Builds the parameter shapes of the paper's LLaMA-60M (docs/numerics.md §10: hidden 512, intermediate
 1376, 8 heads, 8 layers, vocab 32000, untied embedding and LM head, RMSNorm weights) as
 ``jax.ShapeDtypeStruct`` and measures the state of each optimizer with ``jax.eval_shape`` on
 its ``init`` (nothing is allocated). optax.adam with fp32 state is the baseline.

@@ -3,7 +3,7 @@
     python benchmarks/sharding_hints.py                 # tiny LLaMA, mxfp4 + Stable-SPAM, fsdp 8
     python benchmarks/sharding_hints.py --recipe=bf16 --batch_size=128
 
-Without the hints (lpjax/nn/sharding_hints.py) XLA replicated each microbatch under fsdp, so every
+Without the hints (lpjax/nn/_sharding_hints.py) XLA replicated each microbatch under fsdp, so every
 device computed the whole batch. This measures the step time of the trainer's jitted step both
 ways on the same mesh and inputs, and prints the ratio. On CPU the devices are virtual
 (--xla_force_host_platform_device_count) and share the host's cores. So the ratio shows the
@@ -41,8 +41,8 @@ import numpy as np  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 from lpjax.train import llama_config  # noqa: E402
-from lpjax.train import sharding as shd  # noqa: E402
-from lpjax.train.trainer import Trainer  # noqa: E402
+from lpjax.train import _sharding as shd  # noqa: E402
+from lpjax.train import Trainer  # noqa: E402
 
 
 def step_seconds(hints: bool, workdir: str) -> float:

@@ -1,7 +1,7 @@
 """Diffusion quality of low-precision training on CPU: the tiny U-Net on the offline digits.
 
 The tiny DDPM U-Net (`lpjax.models.unet.unet_tiny`, 164k parameters, 8x8x1) is trained on the
-scikit-learn digits (1437 train / 360 test images, `lpjax.data.images`, no network) with the
+scikit-learn digits (1437 train / 360 test images, `lpjax.data.digits_dataset`, no network) with the
 epsilon loss of a linear 1000-step schedule, once per recipe, by the diffusion recommendation:
 Stable-SPAM (`lpjax.optim.stable_spam`) after global-norm gradient clipping, E4M3-scaled FP4 GEMMs
 ("mxfp4_e4m3scale": e2m1 elements, ue4m3 block scales at 32 with an fp32 tensor scale, RHT-32,
@@ -11,7 +11,7 @@ trained in the same run with the same data, optimizer and keys.
 
 Reported per recipe: the final train loss (mean of the last 10% of steps), the held-out loss on the
 test split (fixed timesteps and noise, the same for every recipe) with the training recipe and with
-quantization off (recipe override "fp32"), the Fréchet distance in pixel space between 360 DDIM
+quantization off (`policy.with_recipe("fp32")`), the Fréchet distance in pixel space between 360 DDIM
 samples (50 steps) and the test split (a cheap sample-quality proxy; not an Inception FID, whose
 floor here is the train-vs-test distance printed below the table), compile time and steps/s.
 A DDIM sample grid per recipe goes to --out as PNG. The last line printed is a JSON object.
@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lpjax.data.images import make_image_dataset
-from lpjax.data.png import image_grid, save_png
-from lpjax.eval.fid import activation_statistics, frechet_distance
+from lpjax.data import image_grid, make_image_dataset, save_png
+from lpjax.eval import activation_statistics, frechet_distance
 from lpjax.models import diffusion, unet
 from lpjax.optim import stable_spam
+from lpjax.quant import QuantPolicy
 
 EVAL_KEY = 1234  # timesteps and noise of the held-out loss (the same for every recipe)
 SAMPLE_KEY = 77  # initial noise of the DDIM samples (the same for every recipe)
@@ -62,12 +62,13 @@ def _parse(argv):
   return p.parse_args(argv)
 
 
-def _make_fns(cfg: unet.UNetConfig, schedule, tx):
-  graphdef, _ = unet.abstract_model(cfg)
+def _make_fns(cfg: unet.UNetConfig, policy: QuantPolicy, schedule, tx):
+  graphdef, _ = unet.abstract_model(cfg, policy)
 
-  def loss_fn(params, x0, key, recipe, train):
+  def loss_fn(params, x0, key, step_policy, train):
     k_model, k_noise = jax.random.split(key)
-    eps_fn = lambda x_t, t: unet.apply(graphdef, cfg, params, x_t, t, recipe, k_model, train=train)
+    eps_fn = lambda x_t, t: unet.apply(graphdef, cfg, params, x_t, t, step_policy, k_model,
+                                       train=train)
     return diffusion.diffusion_loss(eps_fn, schedule, x0, k_noise)
 
   @jax.jit
@@ -77,12 +78,15 @@ def _make_fns(cfg: unet.UNetConfig, schedule, tx):
     return optax.apply_updates(params, updates), opt_state, loss
 
   def eval_sums(params, batch, recipe_fp32: bool):
-    return _eval_sums(graphdef, cfg, schedule, params, batch, "fp32" if recipe_fp32 else None)
+    # quantization off: the quantized layers switch to fp32, the kept layers stay
+    return _eval_sums(graphdef, cfg, schedule, params, batch,
+                      policy.with_recipe("fp32") if recipe_fp32 else None)
 
-  def sample(params, n, recipe=None):
+  def sample(params, n, sample_policy=None):
     @jax.jit
     def run(params):
-      eps_fn = lambda x_t, t: unet.apply(graphdef, cfg, params, x_t, t, recipe, jax.random.key(5))
+      eps_fn = lambda x_t, t: unet.apply(graphdef, cfg, params, x_t, t, sample_policy,
+                                         jax.random.key(5))
       shape = (n, cfg.image_size, cfg.image_size, cfg.channels)
       return diffusion.ddim_sample(eps_fn, schedule, shape, jax.random.key(SAMPLE_KEY),
                                    steps=ARGS.sample_steps)
@@ -91,12 +95,12 @@ def _make_fns(cfg: unet.UNetConfig, schedule, tx):
   return train_step, jax.jit(eval_sums, static_argnums=2), sample
 
 
-def _eval_sums(graphdef, cfg, schedule, params, batch, recipe):
+def _eval_sums(graphdef, cfg, schedule, params, batch, policy):
   x0, mask = batch["image"], batch["mask"]
   k_t, k_noise, k_model = jax.random.split(jax.random.key(EVAL_KEY), 3)
   t = jax.random.randint(k_t, (x0.shape[0],), 0, schedule.num_steps)
   noise = jax.random.normal(k_noise, x0.shape, jnp.float32)
-  eps = unet.apply(graphdef, cfg, params, diffusion.q_sample(schedule, x0, t, noise), t, recipe, k_model)
+  eps = unet.apply(graphdef, cfg, params, diffusion.q_sample(schedule, x0, t, noise), t, policy, k_model)
   per_example = jnp.mean(jnp.square(eps - noise), axis=(1, 2, 3))
   return jnp.sum(per_example * mask), jnp.sum(mask)
 
@@ -114,10 +118,11 @@ def _pixel_stats(images):
 
 
 def run_recipe(recipe: str, dataset, schedule, test_stats):
-  cfg = unet.unet_tiny(image_size=dataset.image_shape[0], channels=dataset.image_shape[2], recipe=recipe)
+  cfg = unet.unet_tiny(image_size=dataset.image_shape[0], channels=dataset.image_shape[2])
+  policy = QuantPolicy.from_settings(recipe)
   lr = optax.warmup_cosine_decay_schedule(0.0, ARGS.lr, max(ARGS.steps // 15, 1), ARGS.steps, ARGS.lr * 0.1)
   tx = optax.chain(optax.clip_by_global_norm(ARGS.clip), stable_spam(learning_rate=lr))
-  train_step, eval_sums, sample = _make_fns(cfg, schedule, tx)
+  train_step, eval_sums, sample = _make_fns(cfg, policy, schedule, tx)
   params = unet.init_params(cfg, jax.random.key(ARGS.seed))
   opt_state = tx.init(params)
   first = dataset.train_batch(0, ARGS.batch_size, ARGS.seed)["image"]

@@ -28,9 +28,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpjax.data.images import digits_dataset
+from lpjax.data import digits_dataset
 from lpjax.models import resnet
 from lpjax.optim import DynamicLossScale, all_finite, skip_nonfinite
+from lpjax.quant import QuantPolicy
 
 SECTIONS = ("classification", "diffusion")
 
@@ -38,15 +39,15 @@ SECTIONS = ("classification", "diffusion")
 # --- classification -------------------------------------------------------------------------------
 
 
-def _classifier_config(recipe: str) -> resnet.ResNetConfig:
-  return resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small",
-                             recipe=recipe)
+def _classifier_config() -> resnet.ResNetConfig:
+  return resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
 
 
 def _make_classifier_fns(recipe: str, lr: float, steps: int):
   """(init, jitted train step, jitted eval) of the tiny ResNet trained with `recipe`."""
-  cfg = _classifier_config(recipe)
-  graphdef, _, _ = resnet.abstract_model(cfg)
+  cfg = _classifier_config()
+  policy = QuantPolicy.from_settings(recipe)
+  graphdef, _, _ = resnet.abstract_model(cfg, policy)
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(steps // 20, 1), steps, lr * 0.01)
   tx = skip_nonfinite(optax.adam(schedule))
 
@@ -69,10 +70,13 @@ def _make_classifier_fns(recipe: str, lr: float, steps: int):
     params, stats = resnet.init_variables(cfg, key)
     return params, stats, tx.init(params), DynamicLossScale()
 
-  def make_eval(override):
+  def make_eval(eval_recipe):
+    """The eval of the quantized layers in `eval_recipe` (stem and classifier stay bf16)."""
+    eval_policy = policy.with_recipe(eval_recipe)
+
     @jax.jit
     def correct(params, stats, batch):
-      logits, _ = resnet.apply(graphdef, cfg, params, stats, batch["image"], override,
+      logits, _ = resnet.apply(graphdef, cfg, params, stats, batch["image"], eval_policy,
                                jax.random.key(0), train=False)
       hits = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
       return jnp.sum(hits * batch["mask"])

@@ -1,15 +1,40 @@
-"""LLaMA-130m, bf16 GEMMs, adamw: C4 en, T5 tokenizer, 2.2B tokens (the 4-bit runs of NUMERICS.md §10).
+"""LLaMA-130m, bf16 GEMMs, adamw: C4 en, T5 tokenizer, 2.2B tokens (the 4-bit runs of
+docs/numerics.md §10).
 
     python train.py --config=configs/llama_130m_bf16.py --workdir=runs/llama_130m_bf16 \
         --config.data.tokenizer=/path/to/t5/spiece.model
 
 Needs c4/en prepared as array_record (`tfds build c4/en --file_format=array_record`) and T5's
-SentencePiece model (vocab 32000); see NUMERICS.md §10 for the paper settings.
+SentencePiece model (vocab 32000); see docs/numerics.md §10 for the paper settings.
 """
 
-from lpjax.train.config import paper_config
+from lpjax.train.config import base_config
 
 
 def get_config():
-  c = paper_config("130m", recipe="bf16", optimizer="adamw")
+  # Every lm key at its default; the optimizer section holds AdamW's paper b1, b2, eps and weight
+  # decay (lpjax.train.config.optimizer_defaults("adamw")).
+  c = base_config("lm", optimizer="adamw")
+
+  c.model.size = "130m"
+  c.model.compute_dtype = "bfloat16"  # activations; weights in float32
+
+  c.data.source = "tfds"
+  c.data.tfds_name = "c4/en"
+  c.data.tokenizer = "spiece.model"  # T5's SentencePiece model: pass its real path
+
+  c.steps = 20_000
+  c.batch_size = 512  # sequences
+  c.seq_len = 256  # tokens per sequence
+
+  c.optimizer.lr = 1e-3  # peak learning rate
+  c.optimizer.warmup_steps = 2000  # linear warm-up from 0
+  c.optimizer.min_lr_ratio = 0.1  # then cosine decay to 10% of lr
+  c.optimizer.state_dtype = "float32"  # optimizer moments
+
+  c.quant.recipe = "bf16"  # bf16 GEMMs: the baseline
+
+  c.eval_every = 1000  # steps
+  c.eval_steps = 20  # batches per evaluation
+  c.checkpoint_every = 1000  # steps
   return c

@@ -1,11 +1,35 @@
-"""LLaMA-tiny, nvfp4 GEMMs, stable_spam: CPU, a few minutes, on the offline Python-stdlib corpus (byte tokens).
+"""LLaMA-tiny, nvfp4 GEMMs, stable_spam: CPU, a few minutes, on the offline Python-stdlib corpus
+(byte tokens).
 
     python train.py --config=configs/llama_tiny_nvfp4.py --workdir=runs/llama_tiny_nvfp4
 """
 
-from lpjax.train.config import paper_config
+from lpjax.train.config import base_config
 
 
 def get_config():
-  c = paper_config("tiny", recipe="nvfp4", optimizer="stable_spam")
+  # Every lm key at its default; the optimizer section holds Stable-SPAM's paper b1, b2, eps,
+  # gamma1-3 and reset interval (lpjax.train.config.optimizer_defaults("stable_spam")).
+  c = base_config("lm", optimizer="stable_spam")
+
+  c.model.size = "tiny"
+  c.model.compute_dtype = "float32"  # activations; weights in float32
+
+  c.data.source = "embedded"  # this Python's standard-library sources, offline
+  c.data.tokenizer = "byte"
+
+  c.steps = 300
+  c.batch_size = 16  # sequences
+  c.seq_len = 128  # tokens per sequence
+
+  c.optimizer.lr = 3e-3  # peak learning rate
+  c.optimizer.warmup_steps = 30  # linear warm-up from 0
+  c.optimizer.min_lr_ratio = 0.1  # then cosine decay to 10% of lr
+  c.optimizer.state_dtype = "float32"  # optimizer moments
+
+  c.quant.recipe = "nvfp4"  # NVFP4 GEMMs (E4M3 scales of 16 + an fp32 tensor scale)
+
+  c.eval_every = 100  # steps
+  c.eval_steps = 8  # batches per evaluation
+  c.checkpoint_every = 100  # steps
   return c

@@ -3,11 +3,38 @@ stochastic rounding in backward) + Adam + dynamic loss scaling; stem and classif
 
 Needs imagenet2012 prepared as array_record (manual download of the ImageNet tarballs, then
 `tfds build imagenet2012 --file_format=array_record --manual_dir=...`). 8 GPUs:
-    python train.py --config=configs/resnet50_imagenet100_mxfp4.py --workdir=runs/resnet50_imagenet100_mxfp4
+    python train.py --config=configs/resnet50_imagenet100_mxfp4.py \
+        --workdir=runs/resnet50_imagenet100_mxfp4
 """
 
-from lpjax.train.vision_configs import vision_config
+from lpjax.train.config import base_config
 
 
 def get_config():
-  return vision_config("resnet50", recipe="mxfp4", optimizer="adam")
+  # Every classification key at its default; the optimizer section holds Adam's paper b1, b2 and eps
+  # (lpjax.train.config.optimizer_defaults("adam")).
+  c = base_config("classification", optimizer="adam")
+
+  c.model.name = "resnet50"
+  c.model.compute_dtype = "bfloat16"  # activations; weights in float32
+
+  c.data.source = "tfds"
+  c.data.tfds_name = "imagenet2012"
+  c.data.classes = "imagenet100"  # the CMC 100-class list
+  c.data.image_size = 224  # training crops of 224 x 224
+
+  c.steps = 50_000
+  c.batch_size = 256  # images
+
+  c.optimizer.lr = 1e-3  # peak learning rate
+  c.optimizer.warmup_steps = 2500  # linear warm-up from 0
+  c.optimizer.min_lr_ratio = 0.1  # then cosine decay to 10% of lr
+  c.optimizer.grad_clip = 1.0  # global-norm clipping
+
+  c.quant.recipe = "mxfp4"  # MXFP4 GEMMs (E8M0 scales of 32; stochastic rounding in backward)
+  c.quant.loss_scale = True  # dynamic loss scaling (FP4 gradients underflow without it)
+
+  c.eval_every = 2500  # steps
+  c.eval_steps = 0  # the whole eval split
+  c.checkpoint_every = 2500  # steps
+  return c

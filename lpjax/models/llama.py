@@ -1,18 +1,23 @@
 """LLaMA (RMSNorm, RoPE, SwiGLU, no biases) in Flax NNX, every matmul through lpjax.nn.
 
 The projections (q, k, v, o, gate, up, down) and the LM head are `QDense` layers and the two
-attention products are `QEinsum`s, all governed by a `QuantPolicy` (by default the embeddings,
-LM head, norms and attention products stay in high precision; NUMERICS.md §7). Sizes follow
-NUMERICS.md §10 (`lpjax.train.config.LLAMA_SIZES`).
+attention products are `QEinsum`s, all governed by the `QuantPolicy` the model is built with
+(by default the embeddings, LM head, norms and attention products stay in high precision;
+docs/numerics.md §7). `LlamaConfig` holds the architecture only; sizes follow docs/numerics.md §10
+(`LLAMA_SIZES`).
 
 Examples:
   >>> import jax, jax.numpy as jnp
+  >>> from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
   >>> cfg = LlamaConfig(vocab_size=257, hidden=64, intermediate=160, heads=4, layers=2, max_seq_len=32)
-  >>> graphdef, params = abstract_model(cfg)
-  >>> params = init_params(cfg, jax.random.key(0))
+  >>> policy = QuantPolicy.from_settings("mxfp4_naive")
+  >>> graphdef, params = abstract_model(cfg, policy)
+  >>> params = init_params(cfg, jax.random.key(0), policy)
   >>> logits = apply(graphdef, cfg, params, jnp.zeros((2, 16), jnp.int32), None, jax.random.key(1))
   >>> logits.shape
   (2, 16, 257)
+  >>> bf16 = apply(graphdef, cfg, params, jnp.zeros((2, 16), jnp.int32), policy.with_recipe("bf16"),
+  ...              jax.random.key(1))   # another policy for one call (a precision schedule's switch)
 """
 
 from __future__ import annotations
@@ -25,12 +30,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lpjax.nn import QDense, QEinsum, apply_policy
-from lpjax.nn.sharding_hints import constrain
-from lpjax.quant import recipes
-from lpjax.quant.policy import QuantPolicy, recipe_override
+from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
+from lpjax.nn import QDense, QEinsum, apply_policy, constrain
+from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
 
-# Logical axes of the parameters, by path (lpjax.train.sharding maps them onto the mesh).
+# Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh).
 PARTITION_RULES = (
     (r"embed/embedding", ("vocab", "embed")),
     (r"(q_proj|k_proj|v_proj)/kernel", ("embed", "heads")),
@@ -58,43 +62,23 @@ class LlamaConfig:
   max_seq_len: int  # RoPE table length
   rope_theta: float = 10000.0  # RoPE base
   norm_eps: float = 1e-6  # RMSNorm epsilon
-  recipe: str = "bf16"  # GEMM recipe of the quantized layers (lpjax.quant.recipes)
-  high_precision: str = "bf16"  # recipe of the layers the policy keeps in high precision
-  pure: bool = False  # quantize embeddings and LM head too
-  keep_first: int = 0  # first N blocks in high precision
-  keep_last: int = 0  # last N blocks in high precision
-  residuals: str = ""  # "" = the recipe's; "quantized": save packed low-precision GEMM operands
   remat: bool = False  # recompute block activations in the backward pass
   scan_layers: bool = True  # one scanned block (compiles once) instead of `layers` unrolled copies
   compute_dtype: str = "float32"  # activation dtype
   param_dtype: str = "float32"  # master weight dtype
 
   @classmethod
-  def from_config(cls, config, vocab_size: int) -> "LlamaConfig":
-    from lpjax.train.config import LLAMA_SIZES
+  def from_size(cls, size: str, **fields) -> "LlamaConfig":
+    """The config of a named size of `LLAMA_SIZES` ("tiny", "60m", ..., "1b")."""
+    if size not in LLAMA_SIZES:
+      raise ValueError(f"Unknown LLaMA size {size!r}; valid: {', '.join(LLAMA_SIZES)}.")
+    d = LLAMA_SIZES[size]
+    return cls(hidden=d.hidden, intermediate=d.intermediate, heads=d.heads, layers=d.layers,
+               **fields)
 
-    size = LLAMA_SIZES[config.model.size]
-    return cls(vocab_size=config.model.vocab_size or vocab_size, hidden=size.hidden,
-               intermediate=size.intermediate, heads=size.heads, layers=size.layers,
-               max_seq_len=config.model.max_seq_len or config.seq_len, recipe=config.quant.recipe,
-               high_precision=config.quant.high_precision_recipe,
-               pure=config.quant.policy == "pure", keep_first=config.quant.keep_first,
-               keep_last=config.quant.keep_last, residuals=config.quant.residuals,
-               remat=config.model.remat, scan_layers=config.model.scan_layers,
-               compute_dtype=config.model.compute_dtype, param_dtype=config.model.param_dtype)
-
-  def policy(self) -> QuantPolicy:
-    recipe = recipes.get(self.recipe)
-    if self.residuals and not recipe.is_high_precision:
-      recipe = dataclasses.replace(recipe, residuals=self.residuals)
-    return QuantPolicy(recipe=recipe, high_precision=self.high_precision, pure=self.pure,
-                       keep_first_blocks=self.keep_first, keep_last_blocks=self.keep_last,
-                       num_blocks=self.layers)
-
-  @property
-  def scanned(self) -> bool:
-    """Scan over blocks unless per-block recipes differ (keep_first / keep_last blocks)."""
-    return self.scan_layers and not (self.keep_first or self.keep_last)
+  def scanned(self, policy: QuantPolicy) -> bool:
+    """Scan over blocks unless `policy` gives blocks different recipes (keep_first / keep_last)."""
+    return self.scan_layers and not policy.varies_by_block
 
   @property
   def num_params_estimate(self) -> int:
@@ -153,7 +137,7 @@ def rope(x, theta: float):
 def _dense(cfg, n_in, n_out, rngs, std):
   return QDense(n_in, n_out, use_bias=False, dtype=jnp.dtype(cfg.compute_dtype),
                 param_dtype=jnp.dtype(cfg.param_dtype),
-                kernel_init=nnx.initializers.normal(std), recipe=cfg.recipe, rngs=rngs)
+                kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -165,8 +149,8 @@ class Attention(nnx.Module):
     self.k_proj = _dense(cfg, d, d, rngs, std)
     self.v_proj = _dense(cfg, d, d, rngs, std)
     self.o_proj = _dense(cfg, d, d, rngs, out_std)
-    self.attn_scores = QEinsum("bqhd,bkhd->bhqk", recipe=cfg.recipe, rngs=rngs)
-    self.attn_values = QEinsum("bhqk,bkhd->bqhd", recipe=cfg.recipe, rngs=rngs)
+    self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
+    self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
 
   def __call__(self, x, key):
     b, length, d = x.shape
@@ -209,12 +193,16 @@ class Block(nnx.Module):
 
 
 class Llama(nnx.Module):
-  def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+  """The model; `policy` decides each GEMM's recipe (default: everything in bf16)."""
+
+  def __init__(self, cfg: LlamaConfig, policy: QuantPolicy | None = None, *, rngs: nnx.Rngs):
     self.cfg = cfg
+    policy = policy if policy is not None else QuantPolicy()
+    self.scanned = cfg.scanned(policy)
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden, param_dtype=pd,
                            embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
-    if cfg.scanned:  # parameters stacked on a leading "layers" axis
+    if self.scanned:  # parameters stacked on a leading "layers" axis
       @nnx.split_rngs(splits=cfg.layers)
       @nnx.vmap(in_axes=(0,), out_axes=0)
       def make_blocks(rngs):
@@ -224,7 +212,16 @@ class Llama(nnx.Module):
       self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
     self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.lm_head = _dense(cfg, cfg.hidden, cfg.vocab_size, rngs, 0.02)
-    apply_policy(self, cfg.policy())
+    self.set_policy(policy)
+
+  def set_policy(self, policy: QuantPolicy) -> list[tuple[str, str]]:
+    """Hands `policy` (completed with this model's blocks) to every quantized layer."""
+    if self.scanned and policy.varies_by_block:
+      raise ValueError("This model scans one block over its layers, so every block runs the same "
+                       "recipes; build it with the policy that keeps blocks (keep_first / "
+                       "keep_last) so that it is unrolled.")
+    self.policy = policy.for_model(num_blocks=self.cfg.layers)
+    return apply_policy(self, self.policy)
 
   def __call__(self, tokens, *, key):
     cfg = self.cfg
@@ -232,14 +229,14 @@ class Llama(nnx.Module):
       raise ValueError(f"Sequence length {tokens.shape[-1]} exceeds the model's max_seq_len "
                        f"{cfg.max_seq_len}.")
     table = self.embed.embedding[...]
-    if cfg.pure:  # "pure" low precision: the embedding table is fake-quantized too
+    if self.policy.pure:  # "pure" low precision: the embedding table is fake-quantized too
       table = _fake_quant_table(table, self.lm_head.active_recipe(), key)
     x = constrain(jnp.take(table, tokens, axis=0).astype(jnp.dtype(cfg.compute_dtype)), _EMBED)
     keys = jax.random.split(key, cfg.layers + 1)
     run_block = lambda blk, h, k: blk(h, k)
     if cfg.remat:
       run_block = nnx.remat(run_block)
-    if cfg.scanned:
+    if self.scanned:
       x = nnx.scan(run_block, in_axes=(0, nnx.Carry, 0), out_axes=nnx.Carry)(
           self.layers, x, keys[:-1])
     else:
@@ -250,28 +247,29 @@ class Llama(nnx.Module):
 
 def _fake_quant_table(table, recipe, key):
   """The forward weight quantizer of `recipe` applied to the embedding rows (pure mode)."""
-  from lpjax.quant import operand
-
   op = recipe.fwd.rhs if recipe.fwd is not None else None
-  if op is None or op == "reuse_fwd":
+  if op is None or op == REUSE_FWD:
     return table
-  return operand.fake(table, op, axis=-1, key=key)
+  return fake_quant_operand(table, op, axis=-1, key=key)
 
 
-def abstract_model(cfg: LlamaConfig):
+def abstract_model(cfg: LlamaConfig, policy: QuantPolicy | None = None):
   """(graphdef, abstract params) without allocating anything."""
-  model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(params=0)))
+  model = nnx.eval_shape(lambda: Llama(cfg, policy, rngs=nnx.Rngs(params=0)))
   graphdef, params = nnx.split(model, nnx.Param)
   return graphdef, params
 
 
-def init_params(cfg: LlamaConfig, key):
-  model = Llama(cfg, rngs=nnx.Rngs(params=key))
+def init_params(cfg: LlamaConfig, key, policy: QuantPolicy | None = None):
+  """The initial parameters (their layout depends on the policy: scanned or unrolled blocks)."""
+  model = Llama(cfg, policy, rngs=nnx.Rngs(params=key))
   return nnx.split(model, nnx.Param)[1]
 
 
-def apply(graphdef, cfg: LlamaConfig, params, tokens, recipe, key):
-  """Logits (B, L, vocab) in float32; `recipe` (a name or None) overrides the policy's recipe."""
+def apply(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPolicy | None, key):
+  """Logits (B, L, vocab) in float32; `policy` (None: the one the model was built with) decides
+  each GEMM's recipe for this call."""
   model = nnx.merge(graphdef, params)
-  with recipe_override(recipe):
-    return model(tokens, key=key).astype(jnp.float32)
+  if policy is not None:
+    model.set_policy(policy)
+  return model(tokens, key=key).astype(jnp.float32)

@@ -1,9 +1,10 @@
 """ResNet-18 / ResNet-50 (and a tiny CPU variant) in Flax NNX, every conv and the classifier
 through lpjax.nn.
 
-All convolutions are `QConv` layers and the classifier a `QDense`, governed by a `QuantPolicy`: by
-default the first conv ("stem") and the classifier ("head") stay in high precision, as the
-published FP4 recipes keep the first and last layers (NUMERICS.md §7). BatchNorm computes its
+All convolutions are `QConv` layers and the classifier a `QDense`, governed by the `QuantPolicy`
+the model is built with: unless the policy is pure, the first conv ("stem") and the classifier
+("head") stay in high precision, as the published FP4 recipes keep the first and last layers
+(docs/numerics.md §7); `keep_first` / `keep_last` count residual blocks ("blocks/i"). BatchNorm computes its
 statistics and normalizes in float32 whatever the compute dtype; its running averages are
 `nnx.BatchStat` state returned by `apply`, so a train step stays a pure function.
 
@@ -14,15 +15,16 @@ pool; CIFAR, digits).
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> cfg = ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small",
-  ...                    recipe="mxfp4_naive")
-  >>> graphdef, params, batch_stats = abstract_model(cfg)        # shapes only, nothing allocated
+  >>> from lpjax.quant import QuantPolicy
+  >>> cfg = ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
+  >>> policy = QuantPolicy.from_settings("mxfp4_naive")
+  >>> graphdef, params, batch_stats = abstract_model(cfg, policy)   # shapes only, nothing allocated
   >>> params, batch_stats = jax.jit(init_variables, static_argnums=0)(cfg, jax.random.key(0))
   >>> forward = jax.jit(lambda p, s, x, key: apply(graphdef, cfg, p, s, x, None, key, train=True))
   >>> logits, new_stats = forward(params, batch_stats, jnp.zeros((2, 8, 8, 1)), jax.random.key(1))
   >>> logits.shape, logits.dtype
   ((2, 10), dtype('float32'))
-  >>> table = dict(policy_table(cfg))
+  >>> table = dict(policy_table(cfg, policy))
   >>> table["stem"], table["blocks/0/conv1"], table["head"]
   ('bf16', 'mxfp4_naive', 'bf16')
 """
@@ -36,8 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lpjax.nn import QConv, QDense, apply_policy
-from lpjax.quant import recipes
-from lpjax.quant.policy import DEFAULT_HIGH_PRECISION, QuantPolicy, recipe_override
+from lpjax.quant import QuantPolicy
 
 # name -> (block kind, blocks per stage, channels of the first stage)
 ARCHS = {
@@ -48,9 +49,10 @@ ARCHS = {
 STEMS = ("imagenet", "small")
 # The first conv stays high precision with the classifier ("head", in DEFAULT_HIGH_PRECISION).
 STEM_PATTERN = r"(^|/)stem(/|$)"
+KEEP_HIGH_PRECISION = (STEM_PATTERN,)  # what this model adds to the policy's kept layers
 
 # Logical axes of the parameters, by path. None of these names is mapped onto a mesh axis by
-# lpjax.train.sharding.LOGICAL_RULES, so every ResNet weight is replicated (data parallelism: the
+# lpjax.train._sharding.LOGICAL_RULES, so every ResNet weight is replicated (data parallelism: the
 # batch is what gets split).
 PARTITION_RULES = (
     (r"(stem|conv\d|shortcut)/kernel", ("conv_window", "conv_window", "conv_in", "conv_out")),
@@ -67,10 +69,6 @@ class ResNetConfig:
   in_channels: int = 3  # image channels (1 for grayscale)
   stem: str = "imagenet"  # "imagenet": 7x7/2 conv + 3x3/2 max-pool; "small": 3x3/1 conv, no pool
   width: int = 0  # channels of the first stage, doubled per stage (0: the architecture's)
-  recipe: str = "bf16"  # GEMM recipe of the quantized convs (lpjax.quant.recipes)
-  high_precision: str = "bf16"  # recipe of the stem and the classifier
-  pure: bool = False  # quantize the stem and the classifier too
-  residuals: str = ""  # "" = the recipe's; "quantized": save packed low-precision GEMM operands
   compute_dtype: str = "float32"  # activation dtype (BatchNorm math is float32 regardless)
   param_dtype: str = "float32"  # master weight dtype
   bn_momentum: float = 0.9  # decay of the BatchNorm running averages
@@ -87,13 +85,6 @@ class ResNetConfig:
   def base_width(self) -> int:
     return self.width or ARCHS[self.name][2]
 
-  def policy(self) -> QuantPolicy:
-    recipe = recipes.get(self.recipe)
-    if self.residuals and not recipe.is_high_precision:
-      recipe = dataclasses.replace(recipe, residuals=self.residuals)
-    return QuantPolicy(recipe=recipe, high_precision=self.high_precision, pure=self.pure,
-                       keep_high_precision=DEFAULT_HIGH_PRECISION + (STEM_PATTERN,))
-
 
 class BatchNorm(nnx.BatchNorm):
   """nnx.BatchNorm whose statistics and normalization run in float32; output in x's dtype."""
@@ -107,8 +98,7 @@ def _conv(cfg, n_in, n_out, size, stride, rngs):
   pad = size // 2  # torchvision's symmetric padding (differs from "SAME" for stride 2, even input)
   return QConv(n_in, n_out, (size, size), strides=stride, padding=[(pad, pad)] * 2, use_bias=False,
                dtype=jnp.dtype(cfg.compute_dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-               kernel_init=nnx.initializers.variance_scaling(2.0, "fan_out", "normal"),
-               recipe=cfg.recipe, rngs=rngs)
+               kernel_init=nnx.initializers.variance_scaling(2.0, "fan_out", "normal"), rngs=rngs)
 
 
 def _bn(cfg, n, rngs, zero=False):
@@ -152,7 +142,9 @@ class Block(nnx.Module):
 
 
 class ResNet(nnx.Module):
-  def __init__(self, cfg: ResNetConfig, *, rngs: nnx.Rngs):
+  """The model; `policy` decides each GEMM's recipe (default: everything in bf16)."""
+
+  def __init__(self, cfg: ResNetConfig, policy: QuantPolicy | None = None, *, rngs: nnx.Rngs):
     self.cfg = cfg
     kind, stages, _ = ARCHS[cfg.name]
     width = cfg.base_width
@@ -166,8 +158,14 @@ class ResNet(nnx.Module):
         n_in = blocks[-1].n_out
     self.blocks = nnx.List(blocks)
     self.head = QDense(n_in, cfg.num_classes, dtype=jnp.dtype(cfg.compute_dtype),
-                       param_dtype=jnp.dtype(cfg.param_dtype), recipe=cfg.recipe, rngs=rngs)
-    apply_policy(self, cfg.policy())
+                       param_dtype=jnp.dtype(cfg.param_dtype), rngs=rngs)
+    self.set_policy(policy if policy is not None else QuantPolicy())
+
+  def set_policy(self, policy: QuantPolicy) -> list[tuple[str, str]]:
+    """Hands `policy` (completed with this model's blocks and stem) to every quantized layer."""
+    self.policy = policy.for_model(num_blocks=len(self.blocks),
+                                   keep_high_precision=KEEP_HIGH_PRECISION)
+    return apply_policy(self, self.policy)
 
   def __call__(self, images, *, key, train: bool):
     x = images.astype(jnp.dtype(self.cfg.compute_dtype))
@@ -182,9 +180,9 @@ class ResNet(nnx.Module):
     return self.head(features, key=keys[-1])
 
 
-def abstract_model(cfg: ResNetConfig):
+def abstract_model(cfg: ResNetConfig, policy: QuantPolicy | None = None):
   """(graphdef, abstract params, abstract batch_stats) without allocating anything."""
-  model = nnx.eval_shape(lambda: ResNet(cfg, rngs=nnx.Rngs(params=0)))
+  model = nnx.eval_shape(lambda: ResNet(cfg, policy, rngs=nnx.Rngs(params=0)))
   return nnx.split(model, nnx.Param, nnx.BatchStat)
 
 
@@ -195,25 +193,27 @@ def init_variables(cfg: ResNetConfig, key):
   return params, batch_stats
 
 
-def apply(graphdef, cfg: ResNetConfig, params, batch_stats, images, recipe, key, *, train: bool):
+def apply(graphdef, cfg: ResNetConfig, params, batch_stats, images, policy: QuantPolicy | None,
+          key, *, train: bool):
   """(logits (B, num_classes) float32, new batch_stats) of images (B, H, W, C).
 
-  `recipe` (a name or None) overrides the policy's recipe of the quantized layers, as in
-  `lpjax.models.llama.apply`. In train mode BatchNorm normalizes with the batch's statistics and
-  the returned batch_stats carry the updated running averages; in eval mode it uses the running
-  averages and returns batch_stats unchanged. `key` drives stochastic rounding (may be None for
-  deterministic recipes).
+  `policy` (None: the one the model was built with) decides each GEMM's recipe for this call, as
+  in `lpjax.models.llama.apply`. In train mode BatchNorm normalizes with the batch's statistics
+  and the returned batch_stats carry the updated running averages; in eval mode it uses the
+  running averages and returns batch_stats unchanged. `key` drives stochastic rounding (may be
+  None for deterministic recipes).
   """
   del cfg  # the graphdef carries the config; kept for symmetry with llama.apply
   model = nnx.merge(graphdef, params, batch_stats, copy=True)  # fresh Variables in this trace
-  with recipe_override(recipe):
-    logits = model(images, key=key, train=train)
+  if policy is not None:
+    model.set_policy(policy)
+  logits = model(images, key=key, train=train)
   if not train:
     return logits.astype(jnp.float32), batch_stats
   return logits.astype(jnp.float32), nnx.state(model, nnx.BatchStat)
 
 
-def policy_table(cfg: ResNetConfig) -> list[tuple[str, str]]:
-  """[(layer path, recipe name)] of every quantized layer (sorted by path)."""
+def policy_table(cfg: ResNetConfig, policy: QuantPolicy | None = None) -> list[tuple[str, str]]:
+  """[(layer path, recipe name)] of every quantized layer."""
   model = nnx.eval_shape(lambda: ResNet(cfg, rngs=nnx.Rngs(params=0)))
-  return [(path, name) for path, name in apply_policy(model, cfg.policy())]
+  return model.set_policy(policy if policy is not None else QuantPolicy())

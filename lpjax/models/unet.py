@@ -5,10 +5,12 @@ dropout, zero-initialised second conv), single- or multi-head self-attention at 
 resolutions and in the middle, a sinusoidal time embedding followed by a two-layer MLP, strided-conv
 downsampling, nearest-neighbour + conv upsampling, skip connections from every encoder stage, and an
 epsilon-prediction output conv. The convolutions are `QConv`s, the 1x1 projections `QDense`s and
-the two attention products `QEinsum`s, all governed by a `QuantPolicy`: as the first and last layers
-of published FP4 recipes, the input conv (`conv_in`), the output conv (`conv_out`) and the time
-embedding MLP (`time_embed/...`) stay in high precision, and so do the attention products
-(`attn_scores`, `attn_values`; NUMERICS.md §7).
+the two attention products `QEinsum`s, all governed by the `QuantPolicy` the model is built with:
+unless it is pure, as the first and last layers of published FP4 recipes, the input conv
+(`conv_in`), the output conv (`conv_out`) and the time embedding MLP (`time_embed/...`) stay in
+high precision, and so do the attention products (`attn_scores`, `attn_values`; docs/numerics.md §7).
+`keep_first` / `keep_last` count levels in forward order: the encoder levels, the middle, then
+the decoder levels.
 
 `unet_cifar10()` is the DDPM CIFAR-10 model (35.7M parameters, Ho et al. 2020, Appendix B);
 `unet_tiny()` a 164k-parameter variant for 8x8 or 16x16 digits on a CPU.
@@ -36,13 +38,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lpjax.nn import QConv, QDense, QEinsum, apply_policy
-from lpjax.quant.policy import DEFAULT_HIGH_PRECISION, QuantPolicy, recipe_override
+from lpjax.quant import QuantPolicy
 
-# The input and output convs stay high precision (the "first and last layer" of FP4 recipes); the
-# time-embedding MLP ("time_embed/...") is already covered by DEFAULT_HIGH_PRECISION's "embed".
-KEEP_HIGH_PRECISION = DEFAULT_HIGH_PRECISION + (r"(^|/)(conv_in|conv_out)(/|$)",)
+# What this model adds to the policy's kept layers: the input and output convs (the "first and
+# last layer" of FP4 recipes); the time-embedding MLP ("time_embed/...") is already covered by
+# the default keeps' "embed".
+KEEP_HIGH_PRECISION = (r"(^|/)(conv_in|conv_out)(/|$)",)
 
-# Logical axes of the parameters, by path (lpjax.train.sharding maps them onto the mesh). Convs
+# Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh). Convs
 # (and everything not listed) stay replicated: the largest kernel, 3x3x512x256, is 4.7 MB.
 PARTITION_RULES = (
     (r"time_embed/dense0/kernel", ("embed", "mlp")),
@@ -64,9 +67,6 @@ class UNetConfig:
   heads: int = 1  # attention heads (DDPM: 1)
   dropout: float = 0.1  # dropout rate in the residual blocks, active with train=True
   norm_groups: int = 32  # GroupNorm groups (must divide every level's width)
-  recipe: str = "bf16"  # GEMM recipe of the quantized layers (lpjax.quant.recipes)
-  high_precision: str = "bf16"  # recipe of the layers the policy keeps in high precision
-  pure: bool = False  # quantize conv_in, conv_out, time embedding and attention products too
   compute_dtype: str = "float32"  # activation dtype (GroupNorm and softmax always run in fp32)
   param_dtype: str = "float32"  # master weight dtype
 
@@ -102,10 +102,6 @@ class UNetConfig:
   @property
   def time_dim(self) -> int:
     return 4 * self.base_width
-
-  def policy(self) -> QuantPolicy:
-    return QuantPolicy(recipe=self.recipe, high_precision=self.high_precision, pure=self.pure,
-                       keep_high_precision=KEEP_HIGH_PRECISION)
 
 
 def unet_cifar10(**overrides) -> UNetConfig:
@@ -162,12 +158,12 @@ def _init(zero: bool):
 def _conv(cfg, n_in, n_out, rngs, *, kernel=3, strides=1, zero=False):
   return QConv(n_in, n_out, (kernel, kernel), strides=(strides, strides), padding="SAME",
                dtype=jnp.dtype(cfg.compute_dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-               kernel_init=_init(zero), recipe=cfg.recipe, rngs=rngs)
+               kernel_init=_init(zero), rngs=rngs)
 
 
 def _dense(cfg, n_in, n_out, rngs, *, zero=False):
   return QDense(n_in, n_out, dtype=jnp.dtype(cfg.compute_dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                kernel_init=_init(zero), recipe=cfg.recipe, rngs=rngs)
+                kernel_init=_init(zero), rngs=rngs)
 
 
 def _norm(cfg, channels):
@@ -222,8 +218,8 @@ class Attention(nnx.Module):
     self.q = _dense(cfg, channels, channels, rngs)
     self.k = _dense(cfg, channels, channels, rngs)
     self.v = _dense(cfg, channels, channels, rngs)
-    self.attn_scores = QEinsum("bqhd,bkhd->bhqk", recipe=cfg.recipe, rngs=rngs)
-    self.attn_values = QEinsum("bhqk,bkhd->bqhd", recipe=cfg.recipe, rngs=rngs)
+    self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
+    self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
     self.proj_out = _dense(cfg, channels, channels, rngs, zero=True)
 
   def __call__(self, x, key):
@@ -269,7 +265,9 @@ class Level(nnx.Module):
 
 
 class UNet(nnx.Module):
-  def __init__(self, cfg: UNetConfig, *, rngs: nnx.Rngs):
+  """The model; `policy` decides each GEMM's recipe (default: everything in bf16)."""
+
+  def __init__(self, cfg: UNetConfig, policy: QuantPolicy | None = None, *, rngs: nnx.Rngs):
     self.cfg = cfg
     widths = [cfg.base_width * m for m in cfg.channel_mults]
     levels = len(widths)
@@ -298,7 +296,16 @@ class UNet(nnx.Module):
     self.up = nnx.List(up)
     self.norm_out = _norm(cfg, width)
     self.conv_out = _conv(cfg, width, cfg.channels, rngs, zero=True)
-    apply_policy(self, cfg.policy())
+    self.set_policy(policy if policy is not None else QuantPolicy())
+
+  def set_policy(self, policy: QuantPolicy) -> list[tuple[str, str]]:
+    """Hands `policy` (completed with this model's levels and kept convs) to every quantized
+    layer; the blocks, in forward order, are the encoder levels, the middle and the decoder."""
+    levels = len(self.down)
+    blocks = ([rf"^down/{i}/" for i in range(levels)] + [r"^mid_"]
+              + [rf"^up/{i}/" for i in range(levels)])
+    self.policy = policy.for_model(keep_high_precision=KEEP_HIGH_PRECISION, block_paths=blocks)
+    return apply_policy(self, self.policy)
 
   def __call__(self, x, t, *, key, train: bool = False):
     cfg = self.cfg
@@ -327,9 +334,9 @@ def num_params(params) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
 
 
-def abstract_model(cfg: UNetConfig):
+def abstract_model(cfg: UNetConfig, policy: QuantPolicy | None = None):
   """(graphdef, abstract params) without allocating anything."""
-  model = nnx.eval_shape(lambda: UNet(cfg, rngs=nnx.Rngs(params=0)))
+  model = nnx.eval_shape(lambda: UNet(cfg, policy, rngs=nnx.Rngs(params=0)))
   return nnx.split(model, nnx.Param)
 
 
@@ -338,15 +345,18 @@ def init_params(cfg: UNetConfig, key):
   return nnx.split(model, nnx.Param)[1]
 
 
-def apply(graphdef, cfg: UNetConfig, params, x_t, t, recipe, key, *, train: bool = False):
+def apply(graphdef, cfg: UNetConfig, params, x_t, t, policy: QuantPolicy | None, key, *,
+          train: bool = False):
   """Predicted noise epsilon (b, H, W, C) in float32 for noisy images x_t at timesteps t (b,).
 
-  `recipe` (a name or None) overrides the policy's recipe of the quantized layers; `key` feeds the
-  stochastic rounding / Hadamard signs of every GEMM and, with `train=True`, dropout.
+  `policy` (None: the one the model was built with) decides each GEMM's recipe for this call;
+  `key` feeds the stochastic rounding / Hadamard signs of every GEMM and, with `train=True`,
+  dropout.
   """
   if key is None:
     raise ValueError("apply needs a key (stochastic rounding, Hadamard signs and dropout draw from "
                      "it): pass jax.random.key(step) or any fixed key for evaluation.")
   model = nnx.merge(graphdef, params)
-  with recipe_override(recipe):
-    return model(x_t, t, key=key, train=train).astype(jnp.float32)
+  if policy is not None:
+    model.set_policy(policy)
+  return model(x_t, t, key=key, train=train).astype(jnp.float32)

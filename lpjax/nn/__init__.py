@@ -1,4 +1,5 @@
-"""lpjax.nn: Flax NNX layers that run their matmuls and convolutions through a GEMM recipe.
+"""lpjax.nn: Flax NNX layers that run their matmuls and convolutions through a GEMM recipe,
+and the logical-axis hints that let a trainer shard their activations.
 
 Examples:
   >>> import jax.numpy as jnp
@@ -9,6 +10,8 @@ Examples:
   (2, 8)
 """
 
-from lpjax.nn.layers import QUANTIZED_LAYERS, QConv, QDense, QEinsum, apply_policy
+from lpjax.nn._layers import QUANTIZED_LAYERS, QConv, QDense, QEinsum, apply_policy
+from lpjax.nn._sharding_hints import activation_sharding, constrain
 
-__all__ = ["QConv", "QDense", "QEinsum", "QUANTIZED_LAYERS", "apply_policy"]
+__all__ = ["QConv", "QDense", "QEinsum", "QUANTIZED_LAYERS", "activation_sharding", "apply_policy",
+           "constrain"]

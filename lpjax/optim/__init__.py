@@ -1,7 +1,7 @@
 """Optax transformations for low-precision training: Stable-SPAM, SPAM, loss and gradient scaling.
 
 ``lpjax.optim`` depends on nothing else of lpjax. The update rules are those of the numerics
-contract (NUMERICS §8 Stable-SPAM, §9 SPAM); see ``docs/optimizers.md`` for usage and the
+contract (docs/numerics.md §8 Stable-SPAM, §9 SPAM); see ``docs/optimizers.md`` for usage and the
 paper's hyperparameters.
 
 Examples:
@@ -13,7 +13,7 @@ Examples:
   'ScaleByStableSpamState'
 """
 
-from lpjax.optim.loss_scale import (
+from lpjax.optim._loss_scale import (
     DynamicLossScale,
     ScaleByAdaptiveGradientScalerState,
     SkipNonfiniteState,
@@ -21,15 +21,15 @@ from lpjax.optim.loss_scale import (
     scale_by_adaptive_gradient_scaler,
     skip_nonfinite,
 )
-from lpjax.optim.low_precision_state import stochastic_round_to_bf16
-from lpjax.optim.spam import (
+from lpjax.optim._low_precision_state import stochastic_round_to_bf16
+from lpjax.optim._spam import (
     DecayUpdatedWeightsState,
     ScaleBySpamState,
     decay_updated_weights,
     scale_by_spam,
     spam,
 )
-from lpjax.optim.stable_spam import (
+from lpjax.optim._stable_spam import (
     ScaleByStableSpamState,
     scale_by_stable_spam,
     stable_spam,

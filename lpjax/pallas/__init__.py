@@ -18,12 +18,12 @@ Examples:
 
 import types
 
-from lpjax.pallas import native
-from lpjax.pallas.native import NATIVE_FORMATS, native_gemm_supported, native_matmul
-from lpjax.pallas.ops import dequantize, double_quantize, fake_quant, quantize
-from lpjax.pallas.rht import hadamard, hadamard_fake_quant, hadamard_quantize
-from lpjax.pallas.support import SUPPORTED_FORMATS, check_supported, unsupported_reason
-from lpjax.quant.quantize import register_backend as _register_backend
+from lpjax.pallas import _native as native
+from lpjax.pallas._native import NATIVE_FORMATS, native_gemm_supported, native_matmul
+from lpjax.pallas._ops import dequantize, double_quantize, fake_quant, quantize
+from lpjax.pallas._rht import hadamard, hadamard_fake_quant, hadamard_quantize
+from lpjax.pallas._support import SUPPORTED_FORMATS, check_supported, unsupported_reason
+from lpjax.quant._quantize import register_backend as _register_backend
 
 __all__ = [
     "NATIVE_FORMATS", "SUPPORTED_FORMATS", "check_supported", "dequantize", "double_quantize",

@@ -1,7 +1,9 @@
-"""lpjax.quant: low-precision number formats, exact quantizers and the random Hadamard transform.
+"""lpjax.quant: low-precision number formats, exact quantizers, and quantized GEMMs.
 
-The numerics follow the project's numerics contract (NUMERICS.md) and docs/quant.md. This package
-does not import Flax.
+This is the public API of the package (everything a user calls is listed in `__all__` and in
+docs/quant.md and docs/gemm.md); the modules whose names start with "_" are its implementation
+and may change without notice. The numerics follow the project's contract, docs/numerics.md.
+This package does not import Flax, nor anything of lpjax's models or training loop.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -11,9 +13,12 @@ Examples:
   >>> q.codes.shape, q.scales.shape, q.nbytes
   ((4, 32), (4, 2), 136)
   >>> y = quant.fake_quant(x, "nvfp4", rounding="stochastic", key=jax.random.key(1))
+  >>> quant.get_recipe("nvfp4").wgrad.hadamard_block
+  16
 """
 
-from lpjax.quant.formats import (
+# Formats, quantizers, packing and the Hadamard transform (docs/quant.md).
+from lpjax.quant._formats import (
     E8M0_SCALE_MODES,
     ELEMENT_FORMATS,
     FORMAT_NAMES,
@@ -25,30 +30,35 @@ from lpjax.quant.formats import (
     QuantFormat,
     get_format,
 )
-from lpjax.quant.hadamard import hadamard, hadamard_matrix, random_signs
-from lpjax.quant.packing import pack_fp4, unpack_fp4
-from lpjax.quant.quantize import QArray, dequantize, fake_quant, quantize, random_bits
-from lpjax.quant.tables import decode_table
+from lpjax.quant._hadamard import hadamard, hadamard_matrix, random_signs
+from lpjax.quant._packing import pack_fp4, unpack_fp4
+from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize, random_bits
+from lpjax.quant._ssp import NAMES as SSP_NAMES
+from lpjax.quant._ssp import quantize_ssp as ssp_fake_quant
+from lpjax.quant._tables import decode_table
+
+# Quantized GEMMs / convolutions, recipes and per-layer policies (docs/gemm.md).
+from lpjax.quant import recipes
+from lpjax.quant._conv import conv_general_dilated, conv_operand_stats
+from lpjax.quant._gemm import dot_general, einsum, einsum_operand_stats, operand_stats
+from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant._operand import fake_quant_operand
+from lpjax.quant._policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
+from lpjax.quant.recipes import NAMES as RECIPE_NAMES
+from lpjax.quant.recipes import get as get_recipe
 
 SCALE_MODES = E8M0_SCALE_MODES
 
 __all__ = [
-    "E8M0_SCALE_MODES", "ELEMENT_FORMATS", "FORMAT_NAMES", "NF4_GRID", "PRESETS", "ROUNDING_MODES",
-    "SCALE_FORMATS", "SCALE_MODES", "ElementFormat", "QArray", "QuantFormat", "decode_table",
-    "dequantize", "fake_quant", "get_format", "hadamard", "hadamard_matrix", "pack_fp4",
-    "quantize", "random_bits", "random_signs", "unpack_fp4",
-]
-
-# Quantized GEMMs / convolutions, recipes, policies and schedules (docs/gemm.md).
-from lpjax.quant import recipes, ssp  # noqa: E402
-from lpjax.quant.conv import conv_general_dilated  # noqa: E402
-from lpjax.quant.gemm import dot_general, einsum, operand_stats  # noqa: E402
-from lpjax.quant.policy import QuantPolicy, recipe_override  # noqa: E402
-from lpjax.quant.recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant  # noqa: E402
-from lpjax.quant.schedule import PrecisionSchedule, ScheduleState  # noqa: E402
-
-__all__ += [
-    "GemmQuant", "GemmRecipe", "OperandQuant", "PrecisionSchedule", "QuantPolicy", "REUSE_FWD",
-    "ScheduleState", "conv_general_dilated", "dot_general", "einsum", "operand_stats",
-    "recipe_override", "recipes", "ssp",
+    # formats
+    "E8M0_SCALE_MODES", "ELEMENT_FORMATS", "FORMAT_NAMES", "NF4_GRID", "PRESETS",
+    "ROUNDING_MODES", "SCALE_FORMATS", "SCALE_MODES", "SSP_NAMES", "ElementFormat", "QuantFormat",
+    "get_format",
+    # quantizers
+    "QArray", "decode_table", "dequantize", "fake_quant", "hadamard", "hadamard_matrix",
+    "pack_fp4", "quantize", "random_bits", "random_signs", "ssp_fake_quant", "unpack_fp4",
+    # GEMMs, recipes and policies
+    "DEFAULT_HIGH_PRECISION", "GemmQuant", "GemmRecipe", "OperandQuant", "QuantPolicy",
+    "RECIPE_NAMES", "REUSE_FWD", "conv_general_dilated", "conv_operand_stats", "dot_general",
+    "einsum", "einsum_operand_stats", "fake_quant_operand", "get_recipe", "operand_stats", "path_str", "recipes",
 ]

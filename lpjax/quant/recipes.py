@@ -24,7 +24,7 @@ Examples:
   ('nvfp4_16x16', 'stochastic', 16, None)
   >>> "mxfp4_bwd" in NAMES
   True
-  >>> get("mxfp4:block_size=16").fwd.lhs.format.block_size   # a variant (lpjax.quant.recipe_spec)
+  >>> get("mxfp4:block_size=16").fwd.lhs.format.block_size   # a variant (lpjax.quant._recipe_variants)
   16
 """
 
@@ -34,8 +34,8 @@ import difflib
 
 import jax.numpy as jnp
 
-from lpjax.quant.formats import QuantFormat
-from lpjax.quant.recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant._formats import QuantFormat
+from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 
 BF16 = jnp.bfloat16
 
@@ -72,7 +72,7 @@ def _mxfp8():
 
 
 def _mxfp4():
-  """MXFP4 for all three GEMMs, Quartet-like (Castro et al. 2025, arXiv 2505.14669; NUMERICS.md §7):
+  """MXFP4 for all three GEMMs, Quartet-like (Castro et al. 2025, arXiv 2505.14669; docs/numerics.md §7):
   forward RTN after a Hadamard-32 transform; dgrad and wgrad stochastic rounding with the 3/4
   pre-scale (Tseng et al. 2025; with the rceil scale rule so the pre-scaled block cannot clip)
   and RHT-32 along each GEMM's contraction axis."""
@@ -137,13 +137,13 @@ def _ssp(x_fmt, w_fmt, name):
 
 
 def _ssp_fp4():
-  """Stable-SPAM paper "FP4" (Huang et al. 2025, arXiv 2502.17055; NUMERICS.md §7): forward-only
+  """Stable-SPAM paper "FP4" (Huang et al. 2025, arXiv 2502.17055; docs/numerics.md §7): forward-only
   W4A4 fake quantization, groups of 256 with the top-2 |x| kept, 9-level grid; gradients bf16."""
   return _ssp("ssp_fp4_g256", "ssp_fp4_g256", "ssp_fp4")
 
 
 def _ssp_int4():
-  """Stable-SPAM paper "INT4" (arXiv 2502.17055; NUMERICS.md §7): asymmetric uint4 weights
+  """Stable-SPAM paper "INT4" (arXiv 2502.17055; docs/numerics.md §7): asymmetric uint4 weights
   (min/max, group 256) and symmetric absmax int4 activations (group 256, top-2 kept), forward
   only; gradients bf16."""
   return _ssp("ssp_int4_g256", "ssp_uint4_g256", "ssp_int4")
@@ -160,12 +160,16 @@ _CACHE: dict[str, GemmRecipe] = {}
 
 def get(name: str) -> GemmRecipe:
   """The preset recipe `name` (one of `NAMES`), or a variant "<preset>:key=value,..." (see
-  `lpjax.quant.recipe_spec`); a GemmRecipe passes through unchanged."""
+  docs/gemm.md, "Recipe variants"); a GemmRecipe passes through unchanged. This is lpjax's one
+  recipe resolver: QuantPolicy, dot_general and the config validation all call it."""
   if isinstance(name, GemmRecipe):
     return name
+  if not isinstance(name, str):
+    raise TypeError(f"A recipe is a GemmRecipe or a preset name ({', '.join(NAMES)}), got "
+                    f"{type(name).__name__} {name!r}.")
   if isinstance(name, str) and ":" in name:
     if name not in _CACHE:
-      from lpjax.quant import recipe_spec  # builds on the presets of this module
+      from lpjax.quant import _recipe_variants as recipe_spec  # builds on the presets of this module
 
       _CACHE[name] = recipe_spec.parse(name)
     return _CACHE[name]
@@ -173,7 +177,7 @@ def get(name: str) -> GemmRecipe:
     close = difflib.get_close_matches(str(name), NAMES, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ValueError(f"Unknown recipe {name!r}.{hint} Valid: {', '.join(NAMES)}, or a variant "
-                     "'<preset>:key=value,...' (lpjax.quant.recipe_spec).")
+                     "'<preset>:key=value,...' (docs/gemm.md, \"Recipe variants\").")
   if name not in _CACHE:
     _CACHE[name] = _BUILDERS[name]()
   return _CACHE[name]

@@ -1,19 +1,50 @@
-"""lpjax.train: the training program (config, mesh and sharding, train step, checkpoints, metrics).
+"""lpjax.train: the training program (config, mesh and sharding, train step, precision schedule,
+checkpoints, metrics) behind `train.py`, importable from a notebook.
+
+The public API is `__all__`; the modules whose names start with "_" are implementation.
+`lpjax.train.config` is public too: config files build on it. The trainer and its dependencies
+load on first use, so `import lpjax.train.config` stays light.
 
 Examples:
   >>> from lpjax.train import config
   >>> config.llama_config("tiny").model.size
   'tiny'
+  >>> from lpjax.train import PrecisionSchedule
+  >>> PrecisionSchedule(total_steps=10, warmup_fraction=0.2).warmup_steps
+  2
 """
 
-from lpjax.train.config import ConfigError, base_config, llama_config, validate
+import importlib
+
+from lpjax.train.config import TASKS, ConfigError, base_config, llama_config, validate
+
+# name -> private module that defines it (imported on first access)
+_LAZY = {
+    "Trainer": "_trainer", "TrainingError": "_trainer", "setup_logging": "_trainer",
+    "PrecisionController": "_precision", "PrecisionSchedule": "_precision",
+    "ScheduleState": "_precision", "build_policy": "_precision",
+    "make_optimizer": "_optimizers", "learning_rate_schedule": "_optimizers",
+    "decay_mask": "_optimizers", "make_task": "_tasks", "Task": "_tasks",
+}
+
+__all__ = ["ConfigError", "PrecisionController", "PrecisionSchedule", "ScheduleState", "TASKS",
+           "Task", "Trainer", "TrainingError", "base_config", "build_policy", "decay_mask",
+           "learning_rate_schedule", "llama_config", "make_optimizer", "make_task",
+           "setup_logging", "train_and_evaluate", "validate"]
 
 
 def train_and_evaluate(config, workdir):
-  """Trains `config` in `workdir`; see lpjax.train.trainer."""
-  from lpjax.train.trainer import train_and_evaluate as run
+  """Trains `config` in `workdir` (resuming from its checkpoints); returns the results dict."""
+  from lpjax.train._trainer import train_and_evaluate as run
 
   return run(config, workdir)
 
 
-__all__ = ["ConfigError", "base_config", "llama_config", "train_and_evaluate", "validate"]
+def __getattr__(name):
+  if name in _LAZY:
+    return getattr(importlib.import_module(f"lpjax.train.{_LAZY[name]}"), name)
+  raise AttributeError(f"module 'lpjax.train' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_LAZY))

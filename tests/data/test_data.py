@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from lpjax import data
-from lpjax.data import cache
-from lpjax.data.token_stream import TokenStreamDataset
+from lpjax.data import _cache as cache
+from lpjax.data._token_stream import TokenStreamDataset
 
 
 def test_byte_tokenizer_round_trip():

@@ -1,12 +1,12 @@
-"""lpjax.data.images: digits (offline), TFDS image datasets (mocked), resizing, batch purity."""
+"""lpjax.data._images: digits (offline), TFDS image datasets (mocked), resizing, batch purity."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from lpjax.data import image_ops, images
-from lpjax.data.imagenet100 import IMAGENET100_WNIDS
+from lpjax.data import _image_ops as image_ops, _images as images
+from lpjax.data._imagenet100 import IMAGENET100_WNIDS
 
 
 def _rows(a):

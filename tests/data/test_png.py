@@ -1,4 +1,4 @@
-"""lpjax.data.png: PNGs decoded back by an independent reader (and by matplotlib), grids."""
+"""lpjax.data._png: PNGs decoded back by an independent reader (and by matplotlib), grids."""
 
 import os
 import struct
@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
-from lpjax.data import png
+from lpjax.data import _png as png
 
 
 def read_png(path):

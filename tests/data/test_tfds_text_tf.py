@@ -1,4 +1,4 @@
-"""The tf.data reader of TFDS text (lpjax/data/tfds_text_tf.py).
+"""The tf.data reader of TFDS text (lpjax/data/_tfds_text_tf.py).
 
 Most tests need TensorFlow, an optional extra that CI does not install; they run with
 `make test-tf` (a separate venv with the extra). The errors for a missing TensorFlow run in CI.
@@ -10,7 +10,7 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from lpjax import data  # noqa: E402
-from lpjax.data import tfds_text_tf  # noqa: E402
+from lpjax.data import _tfds_text_tf as tfds_text_tf  # noqa: E402
 
 needs_tf = pytest.mark.skipif(not tfds_text_tf.tensorflow_available(),
                               reason="TensorFlow is not installed (optional extra: make test-tf)")
@@ -150,7 +150,7 @@ def test_eval_batches_are_fixed(c4_mock):
 @needs_tf
 def test_trainer_reads_c4_through_tf_data(c4_mock, tmp_path):
   from config_helpers import small
-  from lpjax.train.trainer import Trainer
+  from lpjax.train._trainer import Trainer
 
   c = small(steps=2, **{"data.source": "tfds", "data.tfds_name": "c4/en",
                         "data.tfds_reader": "tf_data", "data.prefetch": 2})

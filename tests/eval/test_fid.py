@@ -1,9 +1,9 @@
-"""lpjax.eval.fid: the Fréchet distance against float64 closed forms and independent references."""
+"""lpjax.eval._fid: the Fréchet distance against float64 closed forms and independent references."""
 
 import numpy as np
 import pytest
 
-from lpjax.eval.fid import activation_statistics, fid, frechet_distance, sqrtm_psd, statistics_of
+from lpjax.eval._fid import activation_statistics, fid, frechet_distance, sqrtm_psd, statistics_of
 
 
 def random_spd(d, rng, rank=None):

@@ -1,4 +1,4 @@
-"""lpjax.eval.inception: the FID Inception-v3 layout, .npz loading, and a forward pass at 75x75.
+"""lpjax.eval._inception: the FID Inception-v3 layout, .npz loading, and a forward pass at 75x75.
 
 Random weights only (no checkpoint ships with lpjax); the 299x299 path with real weights is for the
 benchmarks, not the tests (a CPU forward at 299 takes too long here).
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lpjax.eval import inception
+from lpjax.eval import _inception as inception
 
 
 def abstract_layers():

@@ -1,7 +1,6 @@
 """lpjax.models.resnet: shapes, parameter counts, the quantization policy, BatchNorm state and
 numerics, a quantized conv's gradients against an explicit computation, and training on digits."""
 
-import dataclasses
 import math
 import re
 
@@ -13,8 +12,7 @@ import pytest
 from flax import nnx
 
 from lpjax.models import resnet
-from lpjax.quant.quantize import fake_quant
-from lpjax.quant.policy import path_str, recipe_override
+from lpjax.quant import QuantPolicy, fake_quant, path_str
 
 TINY = resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
 
@@ -43,8 +41,8 @@ def test_parameter_counts_match_the_reference_architectures():
 @pytest.mark.parametrize("name,stem,size", [("resnet50", "small", 32), ("resnet18", "imagenet", 64),
                                             ("resnet18", "small", 16)])
 def test_large_variants_output_shapes(name, stem, size):
-  cfg = resnet.ResNetConfig(name=name, num_classes=100, stem=stem, recipe="mxfp4")
-  graphdef, params, stats = resnet.abstract_model(cfg)
+  cfg = resnet.ResNetConfig(name=name, num_classes=100, stem=stem)
+  graphdef, params, stats = resnet.abstract_model(cfg, QuantPolicy.from_settings("mxfp4"))
   images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
   logits, new_stats = jax.eval_shape(
       lambda p, s, x: resnet.apply(graphdef, cfg, p, s, x, None, jax.random.key(0), train=True),
@@ -61,25 +59,28 @@ def test_tiny_runs_and_policy_keeps_stem_and_head_high_precision(tiny):
       params, stats, x)
   assert logits.shape == (3, 10) and bool(jnp.isfinite(logits).all())
 
-  cfg = resnet.ResNetConfig(name="resnet_tiny", stem="small", recipe="mxfp4")
-  model = nnx.eval_shape(lambda: resnet.ResNet(cfg, rngs=nnx.Rngs(params=0)))
+  cfg = resnet.ResNetConfig(name="resnet_tiny", stem="small")
+  policy = QuantPolicy.from_settings("mxfp4")
+  model = nnx.eval_shape(lambda: resnet.ResNet(cfg, policy, rngs=nnx.Rngs(params=0)))
   layers = {path: m for path, m in ((path_str(p), m) for p, m in nnx.iter_modules(model))
             if hasattr(m, "active_recipe")}
   assert len(layers) == 1 + 6 + 2 + 1  # stem, 3 blocks x 2 convs, 2 shortcuts, head
   active = {path: m.active_recipe().name for path, m in layers.items()}
   assert active.pop("stem") == "bf16" and active.pop("head") == "bf16"
   assert set(active.values()) == {"mxfp4"}
-  with recipe_override("fp8"):  # a schedule's switch leaves the kept layers alone
-    assert layers["stem"].active_recipe().name == "bf16"
-    assert layers["blocks/1/conv1"].active_recipe().name == "fp8"
-  pure = dict(resnet.policy_table(resnet.ResNetConfig(name="resnet_tiny", recipe="mxfp4", pure=True)))
+  model.set_policy(policy.with_recipe("fp8"))  # a schedule's switch leaves the kept layers alone
+  assert layers["stem"].active_recipe().name == "bf16"
+  assert layers["blocks/1/conv1"].active_recipe().name == "fp8"
+  pure = dict(resnet.policy_table(resnet.ResNetConfig(name="resnet_tiny"),
+                                  QuantPolicy.from_settings("mxfp4", pure=True)))
   assert set(pure.values()) == {"mxfp4"} and "stem" in pure and "head" in pure
 
 
 def test_batch_stats_update_in_train_mode_only(tiny):
   _, params, stats = tiny
-  cfg = dataclasses.replace(TINY, recipe="fp32", high_precision="fp32")  # exact convs
-  graphdef = resnet.abstract_model(cfg)[0]  # the graphdef carries the policy
+  cfg = TINY
+  policy = QuantPolicy.from_settings("fp32", high_precision="fp32")  # exact convs
+  graphdef = resnet.abstract_model(cfg, policy)[0]  # the graphdef carries the policy
   x = jnp.asarray(np.random.default_rng(1).normal(0.3, 1.0, (8, 8, 8, 1)), jnp.float32)
   run = jax.jit(lambda s, x, train: resnet.apply(graphdef, cfg, params, s, x, None, None,
                                                  train=train), static_argnums=2)
@@ -136,9 +137,9 @@ def _im2col_3x3(x):
 def test_quantized_conv_gradients_match_an_explicit_computation(tiny):
   """Model's blocks/1/conv2 (32 -> 32 channels) under mxfp4_naive: forward, dgrad and wgrad."""
   graphdef, params, stats = tiny
-  cfg = resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small",
-                            recipe="mxfp4_naive")
-  model = nnx.merge(resnet.abstract_model(cfg)[0], params, stats)
+  cfg = resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
+  policy = QuantPolicy.from_settings("mxfp4_naive")
+  model = nnx.merge(resnet.abstract_model(cfg, policy)[0], params, stats)
   conv = model.blocks[1].conv2
   assert conv.active_recipe().name == "mxfp4_naive"
   conv_def, conv_params = nnx.split(conv, nnx.Param)
@@ -183,11 +184,11 @@ def test_quantized_conv_gradients_match_an_explicit_computation(tiny):
 
 
 def test_training_on_digits_reduces_the_loss(tiny):
-  from lpjax.data.images import digits_dataset
+  from lpjax.data import digits_dataset
 
   _, params, stats = tiny
-  cfg = dataclasses.replace(TINY, recipe="bf16")
-  graphdef = resnet.abstract_model(cfg)[0]
+  cfg = TINY
+  graphdef = resnet.abstract_model(cfg, QuantPolicy.from_settings("bf16"))[0]
   tx = optax.adam(1e-2)
   opt_state = tx.init(params)
 
@@ -213,7 +214,7 @@ def test_training_on_digits_reduces_the_loss(tiny):
 
 
 def test_partition_rules_cover_every_variable_and_replicate():
-  from lpjax.train import sharding
+  from lpjax.train import _sharding as sharding
 
   _, params, stats = resnet.abstract_model(resnet.ResNetConfig(name="resnet50"))
   mesh = sharding.make_mesh(2, 4, 1)

@@ -10,18 +10,27 @@ from flax import nnx
 
 from lpjax.models import diffusion, unet
 from lpjax.models.unet import abstract_model, apply, init_params, num_params, unet_cifar10, unet_tiny
-from lpjax.quant.policy import recipe_override
-from lpjax.train import sharding
+from lpjax.quant import QuantPolicy
+from lpjax.train import _sharding as sharding
 
 TINY = unet_tiny(image_size=8, channels=1)
 KEY = jax.random.key(0)
 
 
-def quantized_layers(cfg):
-  """{path: layer} of the QDense / QConv / QEinsum layers of an abstract model (nothing allocated)."""
-  graphdef, params = abstract_model(cfg)
-  model = nnx.merge(graphdef, params)
+def abstract_unet(cfg, policy=None):
+  """The U-Net of `cfg` built with `policy`, with abstract parameters (nothing allocated)."""
+  graphdef, params = abstract_model(cfg, policy)
+  return nnx.merge(graphdef, params)
+
+
+def layers_of(model):
+  """{path: layer} of the QDense / QConv / QEinsum layers of a model."""
   return {m.path: m for _, m in nnx.iter_modules(model) if hasattr(m, "active_recipe")}
+
+
+def quantized_layers(cfg, policy=None):
+  """{path: layer} of the quantized layers of an abstract model (nothing allocated)."""
+  return layers_of(abstract_unet(cfg, policy))
 
 
 def with_random_zero_layers(params):
@@ -80,17 +89,20 @@ KEPT = {"conv_in", "conv_out", "time_embed/dense0", "time_embed/dense1", "mid_at
 
 
 def test_policy_keeps_first_last_time_embedding_and_attention_products_high_precision():
-  layers = quantized_layers(unet_tiny(recipe="mxfp4_e4m3scale"))
+  policy = QuantPolicy.from_settings("mxfp4_e4m3scale")
+  model = abstract_unet(unet_tiny(), policy)
+  layers = layers_of(model)
   recipes = {p: m.active_recipe().name for p, m in layers.items()}
   assert {p for p, r in recipes.items() if r == "bf16"} == KEPT
   rest = {p: r for p, r in recipes.items() if p not in KEPT}
   assert set(rest.values()) == {"mxfp4_e4m3scale"} and len(rest) == 35
   assert {"down/0/res/0/conv1", "down/0/resample", "up/0/res/1/skip", "mid_attn/q",
           "mid_res1/time_proj", "up/0/resample"} <= set(rest)
-  with recipe_override("fp32"):  # full-precision validation: the quantized layers switch, kept stay
-    over = {p: m.active_recipe().name for p, m in layers.items()}
+  # Full-precision validation: the quantized layers switch, kept stay.
+  model.set_policy(policy.with_recipe("fp32"))
+  over = {p: m.active_recipe().name for p, m in layers.items()}
   assert {p for p, r in over.items() if r == "fp32"} == set(rest)
-  pure = quantized_layers(unet_tiny(recipe="mxfp4_e4m3scale", pure=True))
+  pure = quantized_layers(unet_tiny(), QuantPolicy.from_settings("mxfp4_e4m3scale", pure=True))
   assert {m.active_recipe().name for m in pure.values()} == {"mxfp4_e4m3scale"}
 
 
@@ -131,8 +143,8 @@ def test_apply_threads_a_key_to_every_quantized_layer():
   # Strip every layer's own RNG stream: a layer that apply left without a key then raises. Tracing
   # the gradient (no compile) with MXFP4 covers the RHT signs (forward) and SR (backward) of all
   # 41 layers, dropout included.
-  cfg = unet_tiny(recipe="mxfp4", dropout=0.1)
-  graphdef, params = abstract_model(cfg)
+  cfg = unet_tiny(dropout=0.1)
+  graphdef, params = abstract_model(cfg, QuantPolicy.from_settings("mxfp4"))
   model = nnx.merge(graphdef, params)
   layers = [m for _, m in nnx.iter_modules(model) if hasattr(m, "active_recipe")]
   for layer in layers:
@@ -164,15 +176,16 @@ def test_quantized_training_steps_lower_the_loss_also_in_fp32_validation():
   # One level and plain MXFP4 (E8M0 scales, RTN, all three GEMMs) keep the CPU compile short (21
   # quantized layers). The keyed recipes run the same code (see the test above); mxfp4_e4m3scale,
   # the diffusion recipe, compiles ~10x slower on CPU: benchmarks/vision_diffusion.py trains it.
-  cfg = unet_tiny(image_size=8, channels=1, channel_mults=(1,), recipe="mxfp4_naive", dropout=0.1)
-  graphdef, _ = abstract_model(cfg)
+  cfg = unet_tiny(image_size=8, channels=1, channel_mults=(1,), dropout=0.1)
+  policy = QuantPolicy.from_settings("mxfp4_naive")
+  graphdef, _ = abstract_model(cfg, policy)
   params = init_params(cfg, KEY)
   sched = diffusion.linear_schedule()
   x0 = smooth_images(16, 8, jax.random.key(3))
   tx = optax.adam(2e-3)
 
-  def loss_fn(p, recipe, key, train):
-    eps_fn = lambda x, t: apply(graphdef, cfg, p, x, t, recipe, key, train=train)
+  def loss_fn(p, run_policy, key, train):
+    eps_fn = lambda x, t: apply(graphdef, cfg, p, x, t, run_policy, key, train=train)
     return diffusion.diffusion_loss(eps_fn, sched, x0, jax.random.key(7))  # fixed t and noise
 
   @jax.jit
@@ -188,5 +201,6 @@ def test_quantized_training_steps_lower_the_loss_also_in_fp32_validation():
     losses.append(float(loss))
   assert all(np.isfinite(losses)), losses
   assert losses[-1] < 0.8 * losses[0], losses
-  full = jax.jit(loss_fn, static_argnums=(1, 3))(params, "fp32", KEY, False)  # fp32 validation
+  fp32 = policy.with_recipe("fp32")  # fp32 validation
+  full = jax.jit(loss_fn, static_argnums=(1, 3))(params, fp32, KEY, False)
   assert float(full) < 0.85 * losses[0], (float(full), losses)

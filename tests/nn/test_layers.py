@@ -10,12 +10,12 @@ import pytest
 from flax import nnx
 
 import lpjax.nn
-import lpjax.nn.layers
+import lpjax.nn._layers
 from lpjax.nn import QConv, QDense, QEinsum, apply_policy
 from lpjax.quant import recipes
-from lpjax.quant.conv import conv_general_dilated
-from lpjax.quant.gemm import dot_general, einsum
-from lpjax.quant.policy import QuantPolicy, recipe_override
+from lpjax.quant._conv import conv_general_dilated
+from lpjax.quant._gemm import dot_general, einsum
+from lpjax.quant import QuantPolicy
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -106,26 +106,29 @@ class TinyLM(nnx.Module):
 
 def test_apply_policy_sets_paths_and_recipes():
   model = TinyLM(nnx.Rngs(params=0, quant=1))
-  table = dict(apply_policy(model, QuantPolicy(recipe="mxfp4_naive", keep_last_blocks=1, num_blocks=3)))
+  policy = QuantPolicy(recipe="mxfp4_naive", keep_last_blocks=1, num_blocks=3)
+  table = dict(apply_policy(model, policy))
   assert table == {"layers/0/up": "mxfp4_naive", "layers/0/down": "mxfp4_naive",
                    "layers/1/up": "mxfp4_naive", "layers/1/down": "mxfp4_naive",
                    "layers/2/up": "bf16", "layers/2/down": "bf16", "lm_head": "bf16"}
   assert model.layers[1].up.active_recipe() is recipes.get("mxfp4_naive")
-  with recipe_override("bf16"):
-    assert model.layers[1].up.active_recipe() is recipes.get("bf16")
+  apply_policy(model, policy.with_recipe("bf16"))  # the precision schedule's switch
+  assert model.layers[1].up.active_recipe() is recipes.get("bf16")
 
 
 def test_recipe_as_static_argument_compiles_once_per_recipe():
   model = TinyLM(nnx.Rngs(params=0, quant=1))
-  apply_policy(model, QuantPolicy(recipe="mxfp4_naive"))
+  policy = QuantPolicy(recipe="mxfp4_naive")
+  apply_policy(model, policy)
   graphdef, state = nnx.split(model)
   traces = []
 
   @functools.partial(jax.jit, static_argnames="recipe")
   def forward(state, x, recipe):
     traces.append(recipe)
-    with recipe_override(recipe):
-      return nnx.merge(graphdef, state)(x)
+    model = nnx.merge(graphdef, state)
+    apply_policy(model, policy.with_recipe(recipe))
+    return model(x)
 
   x = _x((4, 32))
   y_lp1, y_lp2 = forward(state, x, recipe=None), forward(state, x, recipe=None)
@@ -166,7 +169,7 @@ def test_qconv_matches_conv_and_nnx_conv():
   assert 15 < float(inter["quant_stats"][0]["lhs"]["snr_db"]) < 25
 
 
-@pytest.mark.parametrize("module", [lpjax.nn, lpjax.nn.layers], ids=["nn", "layers"])
+@pytest.mark.parametrize("module", [lpjax.nn, lpjax.nn._layers], ids=["nn", "layers"])
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0

@@ -1,4 +1,4 @@
-"""Independent float64 numpy implementations of Stable-SPAM and SPAM, written from NUMERICS §8-9.
+"""Independent float64 numpy implementations of Stable-SPAM and SPAM, written from docs/numerics.md §8-9.
 
 They mirror the structure of the PyTorch reference (a dict of per-tensor state, in-place moment
 updates through references grabbed at the start of the step) rather than the optax code, and
@@ -13,7 +13,7 @@ import numpy as np
 
 
 class StableSpamNumpy:
-  """Stable-SPAM on a dict of float64 arrays (NUMERICS §8)."""
+  """Stable-SPAM on a dict of float64 arrays (docs/numerics.md §8)."""
 
   def __init__(self, b1=0.9, b2=0.999, eps=1e-8, gamma1=0.7, gamma2=0.9, gamma3=0.999,
                reset_interval=1000, total_steps=None, eta_min=0.5, weight_decay=0.0,
@@ -94,7 +94,7 @@ class StableSpamNumpy:
 
 
 class SpamNumpy:
-  """SPAM on a dict of float64 arrays (NUMERICS §9)."""
+  """SPAM on a dict of float64 arrays (docs/numerics.md §9)."""
 
   def __init__(self, b1=0.9, b2=0.999, eps=1e-6, spike_threshold=5000.0, reset_interval=500,
                reset_warmup_steps=150, clip_free_steps=20, weight_decay=0.0):

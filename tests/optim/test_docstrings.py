@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["lpjax.optim", "lpjax.optim.stable_spam", "lpjax.optim.spam",
-           "lpjax.optim.loss_scale", "lpjax.optim.low_precision_state"]
+MODULES = ["lpjax.optim", "lpjax.optim._stable_spam", "lpjax.optim._spam",
+           "lpjax.optim._loss_scale", "lpjax.optim._low_precision_state"]
 
 
 @pytest.mark.parametrize("module", MODULES)

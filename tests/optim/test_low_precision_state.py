@@ -7,7 +7,7 @@ import numpy as np
 import optax
 
 from lpjax import optim
-from lpjax.optim import low_precision_state
+from lpjax.optim import _low_precision_state as low_precision_state
 
 
 def bf16_neighbours(x):

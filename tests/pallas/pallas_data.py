@@ -19,7 +19,7 @@ def needs_gpu_unless(interpret: bool):
 
 
 def special_data(shape, seed=0, dtype=np.float32):
-  """Heavy-tailed rows over 2^-8..2^8 magnitudes, plus rows with the cases of NUMERICS.md §4-5.
+  """Heavy-tailed rows over 2^-8..2^8 magnitudes, plus rows with the cases of docs/numerics.md §4-5.
 
   The last rows of the last two axes (when there are at least 8 rows) hold: a NaN, +-Inf, an
   all-zero block with -0, fp32 subnormals, ties (n + 1/2) 2^j, and a block ~2^-40 below the rest

@@ -1,4 +1,4 @@
-"""The kernel-friendly restatements in lpjax.pallas.tile_codec and the tiling plan, against the
+"""The kernel-friendly restatements in lpjax.pallas._tile_codec and the tiling plan, against the
 routines of lpjax.quant they replace and against numpy."""
 
 import math
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.pallas import plan
-from lpjax.pallas import tile_codec as tc
-from lpjax.quant import fp32_bits as fb
-from lpjax.quant import packing
-from lpjax.quant import scales as sc
+from lpjax.pallas import _plan as plan
+from lpjax.pallas import _tile_codec as tc
+from lpjax.quant import _fp32_bits as fb
+from lpjax.quant import _packing as packing
+from lpjax.quant import _scales as sc
 
 
 def _f32_bits(values):

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from pallas_data import ON_GPU, assert_same_bits, assert_same_qarray, special_data  # noqa: E402
 
 from lpjax import pallas, quant  # noqa: E402
-Q = importlib.import_module("lpjax.quant.quantize")  # the module (the package re-exports names)
+Q = importlib.import_module("lpjax.quant._quantize")  # the module (the package re-exports names)
 X = jnp.asarray(special_data((8, 64), seed=3))
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lpjax import quant
-from lpjax.pallas import native
+from lpjax.pallas import _native as native
 
 A = jax.random.normal(jax.random.key(0), (32, 64))
 B = jax.random.normal(jax.random.key(1), (16, 64))

@@ -1,4 +1,4 @@
-"""Independent numpy re-derivation of `lpjax.quant` (NUMERICS.md sections 1-6, docs/quant.md).
+"""Independent numpy re-derivation of `lpjax.quant` (docs/numerics.md sections 1-6, docs/quant.md).
 
 This is the test oracle. It is written from the contract alone and must not import lpjax.
 

@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_gemm import _assert_close, _c, ref_operand  # noqa: E402  (the GEMM operand reference)
 
 from lpjax.quant import recipes  # noqa: E402
-from lpjax.quant.conv import conv_general_dilated  # noqa: E402
-from lpjax.quant.quantize import fake_quant  # noqa: E402
-from lpjax.quant.recipe import GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant._conv import conv_general_dilated  # noqa: E402
+from lpjax.quant._quantize import fake_quant  # noqa: E402
+from lpjax.quant._gemm_recipe import GemmRecipe, OperandQuant  # noqa: E402
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 

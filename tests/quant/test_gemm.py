@@ -20,12 +20,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, os.path.dirname(__file__))
 import numpy_oracle as O  # noqa: E402
 
-from lpjax.quant import operand as opq  # noqa: E402
-from lpjax.quant import recipes, ssp  # noqa: E402
-from lpjax.quant.gemm import dot_general, einsum, operand_stats  # noqa: E402
-from lpjax.quant.hadamard import hadamard, random_signs  # noqa: E402
-from lpjax.quant.quantize import random_bits  # noqa: E402
-from lpjax.quant.recipe import REUSE_FWD, GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant import _operand as opq  # noqa: E402
+from lpjax.quant import recipes, _ssp as ssp  # noqa: E402
+from lpjax.quant._gemm import dot_general, einsum, operand_stats  # noqa: E402
+from lpjax.quant._hadamard import hadamard, random_signs  # noqa: E402
+from lpjax.quant._quantize import random_bits  # noqa: E402
+from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant  # noqa: E402
 
 DN2 = (((1,), (0,)), ((), ()))
 GEMM_ID = {"fwd": 0, "dgrad": 1, "wgrad": 2}
@@ -245,7 +245,7 @@ def test_16x16_weight_tiles_quantize_transpose_invariantly():
   w = _normal(8, (K, N))
   key = jax.random.key(0)
   recipe = recipes.get("nvfp4")
-  from lpjax.quant import gemm
+  from lpjax.quant import _gemm as gemm
 
   axes = {}
 

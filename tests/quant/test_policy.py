@@ -1,13 +1,8 @@
-"""QuantPolicy (which layer gets which recipe) and PrecisionSchedule (which recipe each step)."""
-
-import logging
-import math
+"""QuantPolicy: which layer gets which recipe (the precision schedule is tested in tests/train)."""
 
 import pytest
 
-from lpjax.quant import recipes
-from lpjax.quant.policy import QuantPolicy, current_override, path_str, recipe_override
-from lpjax.quant.schedule import PrecisionSchedule, ScheduleState
+from lpjax.quant import QuantPolicy, path_str, recipes
 
 LLAMA_PATHS = ["embed_tokens", "layers/0/input_norm", "layers/0/attn/q_proj", "layers/0/attn/attn_scores",
                "layers/0/attn/attn_values", "layers/0/attn/o_proj", "layers/0/mlp/gate_proj",
@@ -45,8 +40,8 @@ def test_first_and_last_blocks_and_block_patterns():
   first2 = QuantPolicy(recipe="mxfp4", keep_first_blocks=2)
   assert first2.recipe_for("layers/16/mlp").name == "mxfp4"  # block 16, not block 1
   assert first2.recipe_for("layers/1/mlp").name == "bf16"
-  with pytest.raises(ValueError, match="num_blocks"):
-    QuantPolicy(keep_last_blocks=2)
+  with pytest.raises(ValueError, match="num_blocks"):  # the model fills num_blocks in (for_model)
+    QuantPolicy(keep_last_blocks=2).recipe_for("layers/1/mlp")
 
 
 def test_rules_first_match_wins_after_the_keeps():
@@ -63,71 +58,37 @@ def test_rules_first_match_wins_after_the_keeps():
     QuantPolicy(rules=(("(unclosed", "bf16"),))
 
 
-def test_recipe_override_replaces_the_quantized_layers_only():
+def test_with_recipe_replaces_the_quantized_layers_only():
   p = QuantPolicy(recipe="mxfp4", rules=((r"attn", "mxfp8"),))
-  assert current_override() is None
-  with recipe_override("bf16"):
-    assert set(names(p).values()) == {"bf16"}
-  with recipe_override("mxfp8"):
-    got = names(p)
-    assert got["lm_head"] == "bf16"
-    assert got["layers/3/mlp/up_proj"] == "mxfp8" and got["layers/0/attn/q_proj"] == "mxfp8"
-  with recipe_override(None):
-    assert names(p)["layers/3/mlp/up_proj"] == "mxfp4"
-  assert current_override() is None
+  assert set(names(p.with_recipe("bf16")).values()) == {"bf16"}
+  got = names(p.with_recipe("mxfp8"))
+  assert got["lm_head"] == "bf16"
+  assert got["layers/3/mlp/up_proj"] == "mxfp8" and got["layers/0/attn/q_proj"] == "mxfp8"
+  assert p.with_recipe(None) is p
+  assert names(p)["layers/3/mlp/up_proj"] == "mxfp4"
   assert path_str(("layers", 2, "mlp")) == "layers/2/mlp"
 
 
-# --- schedule ------------------------------------------------------------------------------------
-
-
-def run(schedule, losses):
-  state, out = schedule.init(), []
-  for step, loss in enumerate(losses):
-    recipe, state = schedule.recipe_at(state, step)
-    out.append(recipe)
-    state = schedule.observe(state, step, loss)
-  return out, state
-
-
-def test_warmup_and_finish():
-  s = PrecisionSchedule(total_steps=20, recipe="mxfp4", warmup_fraction=0.1, finish_fraction=0.25)
-  out, _ = run(s, [1.0] * 20)
-  assert out == ["bf16"] * 2 + ["mxfp4"] * 13 + ["bf16"] * 5
-  assert (s.warmup_steps, s.finish_start) == (2, 15)
-
-
-def test_fallback_on_spike_and_non_finite(caplog):
-  s = PrecisionSchedule(total_steps=100, recipe=None, fallback_factor=3.0, fallback_steps=4,
-                        fallback_recipe="mxfp8", min_history=5)
-  losses = [2.0] * 10 + [7.0] + [2.0] * 6 + [math.nan] + [2.0] * 6
-  with caplog.at_level(logging.INFO, logger="lpjax.quant.schedule"):
-    out, state = run(s, losses)
-  assert out[:11] == [None] * 11  # None: the policy's own recipes
-  assert out[11:15] == ["mxfp8"] * 4 and out[15:18] == [None] * 3
-  assert out[18:22] == ["mxfp8"] * 4 and out[22] is None
-  assert 7.0 not in state.losses and len(state.losses) == len(losses) - 2  # spikes stay out
-  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-  assert len(warnings) == 2 and "running median" in warnings[0] and "non-finite" in warnings[1]
-  switches = [r.getMessage() for r in caplog.records if "phase" in r.getMessage()]
-  assert len(switches) == 5  # start, ->fallback, ->low, ->fallback, ->low
-
-
-def test_spikes_need_history_and_are_relative_to_the_median():
-  s = PrecisionSchedule(total_steps=50, recipe="nvfp4", fallback_factor=2.0, fallback_steps=2,
-                        min_history=3)
-  out, _ = run(s, [10.0, 30.0, 5.0, 5.0, 5.0, 5.0, 5.0, 9.0, 12.0, 5.0])
-  assert out[:9] == ["nvfp4"] * 9  # step 1's 30 had no history; 9 < 2 x median 5
-  assert out[9:] == ["bf16"]  # 12 > 2 x 5 at step 8
-
-
-def test_schedule_is_pure_and_validates():
-  s = PrecisionSchedule(total_steps=10, recipe="mxfp4", fallback_factor=2.0, min_history=1)
-  state = ScheduleState(losses=(1.0,))
-  a = s.observe(state, 3, 5.0)
-  assert s.observe(state, 3, 5.0) == a and state == ScheduleState(losses=(1.0,))
-  assert s.phase_at(a, 4) == "fallback" and s.phase_at(state, 4) == "low"
-  with pytest.raises(ValueError):
-    PrecisionSchedule(total_steps=10, warmup_fraction=1.5)
-  with pytest.raises(ValueError):
-    PrecisionSchedule(total_steps=10, fallback_factor=0.5)
+def test_from_settings_means_the_same_for_every_model():
+  p = QuantPolicy.from_settings("mxfp4", high_precision="fp8", keep_first=1, keep_last=1,
+                                residuals="quantized")
+  assert (p.recipe, p.high_precision, p.keep_first_blocks, p.keep_last_blocks) == (
+      "mxfp4", "fp8", 1, 1)
+  llama = p.for_model(num_blocks=4)
+  assert [llama.recipe_for(f"layers/{i}/mlp/up").name for i in range(4)] == [
+      "fp8", "mxfp4", "mxfp4", "fp8"]
+  assert llama.recipe_for("layers/1/mlp/up").residuals == "quantized"
+  assert llama.recipe_for("layers/0/mlp/up").residuals == "high_precision"  # fp8 kept block
+  assert recipes.get("mxfp4").residuals == "high_precision"  # the preset is untouched
+  # A model whose blocks carry no forward-order index lists them (a U-Net's levels).
+  unet = p.for_model(keep_high_precision=(r"^conv_in",),
+                     block_paths=(r"^down/0/", r"^down/1/", r"^mid_", r"^up/0/", r"^up/1/"))
+  assert unet.num_blocks == 5 and unet.block_index("mid_attn/q") == 2
+  assert unet.recipe_for("down/0/res/0/conv1").name == "fp8"
+  assert unet.recipe_for("up/1/res/0/conv1").name == "fp8"
+  assert unet.recipe_for("up/0/res/0/conv1").name == "mxfp4"
+  assert unet.recipe_for("conv_in").name == "fp8"
+  assert QuantPolicy.from_settings("mxfp4", pure=True).for_model(
+      keep_high_precision=(r"^conv_in",)).recipe_for("conv_in").name == "mxfp4"
+  with pytest.raises(ValueError, match="residuals"):
+    QuantPolicy.from_settings("mxfp4", residuals="fp4")

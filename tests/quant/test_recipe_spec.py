@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.quant import formats, operand, recipe_spec, recipes
-from lpjax.quant.recipe import GEMMS, GemmQuant, OperandQuant
-from lpjax.quant.quantize import dequantize, quantize
-from lpjax.quant.recipe_spec import parse
+from lpjax.quant import _formats as formats, _operand as operand, _recipe_variants as recipe_spec, recipes
+from lpjax.quant._gemm_recipe import GEMMS, GemmQuant, OperandQuant
+from lpjax.quant._quantize import dequantize, quantize
+from lpjax.quant._recipe_variants import parse
 from lpjax.train import config as cfg_lib
 
 QUANTIZED = ("fp8", "mxfp8", "mxfp4", "mxfp4_bwd", "nvfp4", "mxfp4_e4m3scale", "mxfp4_naive")
@@ -223,7 +223,7 @@ def test_fixed_scale_exponent_validation(kwargs):
 def test_variants_train_through_a_quantized_gemm(spec):
   x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   w = jax.random.normal(jax.random.key(1), (64, 32)) * 0.5
-  from lpjax.quant.gemm import einsum
+  from lpjax.quant._gemm import einsum
 
   loss = lambda w: einsum("bsd,df->bsf", x, w, recipe=spec, key=jax.random.key(2)).sum()
   g = jax.jit(jax.grad(loss))(w)

@@ -1,4 +1,4 @@
-"""Scale and rounding rules on constructed inputs (NUMERICS.md §4-6, docs/quant.md).
+"""Scale and rounding rules on constructed inputs (docs/numerics.md §4-6, docs/quant.md).
 
 Every case states its expected bytes / codes / values by hand (derivations in the comments) and
 is also checked against the numpy oracle."""
@@ -87,7 +87,7 @@ E2M1_SCALES = [
     (nxt(7, 0), (127, 128, 127, 128)),
     (F32(8), (128, 128, 128, 128)),
     (F32(12), (128, 129, 128, 128)),         # 12 * fl32(1/6) rounds to exactly 2.0
-    (nxt(16, 0), (128, 129, 129, 129)),      # the float32 log2 trap (NUMERICS §4)
+    (nxt(16, 0), (128, 129, 129, 129)),      # the float32 log2 trap (docs/numerics.md §4)
     (F32(2.0 ** -100), (25, 25, 25, 25)),
     (F32(FLT_MAX), (252, 253, 253, 253)),    # "even" carries past the top exponent: clamp
     (F32(2.0 ** -126), (0, 0, 0, 0)),        # k = -128 clamps to -127
@@ -420,7 +420,7 @@ def test_nvfp4_16x16_tiles_by_hand():
 
 
 def test_nvfp4_16x16_transpose_commutes():
-  """Q(W)^T == Q(W^T) for 16x16 tiles (NUMERICS §5), on a non-multiple-of-16 shape."""
+  """Q(W)^T == Q(W^T) for 16x16 tiles (docs/numerics.md §5), on a non-multiple-of-16 shape."""
   w = O.heavy_tailed(RAGGED, 9, exp_range=3)
   q1, c1, s1, v1 = run(w, "nvfp4_16x16")
   q2, c2, s2, v2 = run(np.ascontiguousarray(w.T), "nvfp4_16x16")

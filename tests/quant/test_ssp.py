@@ -1,12 +1,12 @@
-"""The Stable-SPAM paper's fake quantizers (lpjax.quant.ssp) against loop-by-group numpy references
-written from NUMERICS.md §7 and the paper's reference code."""
+"""The Stable-SPAM paper's fake quantizers (lpjax.quant._ssp) against loop-by-group numpy references
+written from docs/numerics.md §7 and the paper's reference code."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.quant import ssp
+from lpjax.quant import _ssp as ssp
 
 
 def _rne(v):

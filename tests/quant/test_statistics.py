@@ -1,5 +1,5 @@
 """Statistical properties: random bits, stochastic rounding (unbiased, never all-zero), and the
-relative-MSE anchors of NUMERICS.md §6 on N(0,1) data."""
+relative-MSE anchors of docs/numerics.md §6 on N(0,1) data."""
 
 import os
 import sys

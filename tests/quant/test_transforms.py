@@ -241,7 +241,7 @@ def test_hadamard_blocks_along_axis_and_inverse(axis):
 
 
 def test_hadamard_leaves_products_unchanged():
-  """Applied to both operands along the contraction axis, the RHT cancels (NUMERICS §7)."""
+  """Applied to both operands along the contraction axis, the RHT cancels (docs/numerics.md §7)."""
   rng = np.random.default_rng(4)
   a = rng.standard_normal(CANON).astype(np.float32)
   b = rng.standard_normal(CANON).astype(np.float32)

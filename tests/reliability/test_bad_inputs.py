@@ -117,7 +117,7 @@ def test_unprepared_tfds_text_dataset_names_the_prepare_command(tmp_path):
 
 def test_unprepared_tfds_image_dataset_names_the_prepare_command(tmp_path):
   pytest.importorskip("tensorflow_datasets")
-  from lpjax.data.images import make_image_dataset
+  from lpjax.data import make_image_dataset
   with pytest.raises(FileNotFoundError, match=r"tfds build cifar10.*array_record"):
     make_image_dataset("tfds", tfds_name="cifar10", data_dir=str(tmp_path))
 

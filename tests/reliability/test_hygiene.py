@@ -27,6 +27,6 @@ def test_no_source_file_does(pattern, what):
 
 
 def test_tfds_sources_never_download():
-  for name in ("lpjax/data/tfds_text.py", "lpjax/data/images.py"):
+  for name in ("lpjax/data/_tfds_text.py", "lpjax/data/_images.py"):
     text = (ROOT / name).read_text()
     assert "download=False" in text, name

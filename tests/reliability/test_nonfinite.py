@@ -10,7 +10,7 @@ import pytest
 
 from config_helpers import small
 
-from lpjax.train.trainer import Trainer, TrainingError
+from lpjax.train._trainer import Trainer, TrainingError
 
 
 def metrics(workdir):

@@ -6,9 +6,9 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from config_helpers import small
-from lpjax.nn import sharding_hints
-from lpjax.train import sharding as shd
-from lpjax.train.trainer import Trainer
+from lpjax.nn import _sharding_hints as sharding_hints
+from lpjax.train import _sharding as shd
+from lpjax.train._trainer import Trainer
 
 
 def test_activation_resolver_maps_logical_axes_onto_the_mesh():

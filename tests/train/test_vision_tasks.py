@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from config_helpers import override
-from lpjax.train.trainer import Trainer
+from lpjax.train._trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,7 +24,8 @@ def tiny(name, steps=2, **overrides):
   c.steps, c.batch_size, c.eval_every, c.checkpoint_every, c.log_every = steps, 16, 0, 0, 1
   c.eval_steps, c.progress_bar, c.data.prefetch = 2, False, 0
   c.optimizer.warmup_steps = 1
-  c.diffusion.num_samples, c.diffusion.sample_steps = 4, 2
+  if c.task == "diffusion":  # the ResNet configs have no diffusion section
+    c.diffusion.num_samples, c.diffusion.sample_steps = 4, 2
   return override(c, **overrides)
 
 

@@ -1,0 +1,109 @@
+"""Local text corpora: a file or glob of text files, and the offline default corpus.
+
+The offline default is the Python standard library's own source files (about 12 MB without its
+tests): a real corpus present on every machine that runs lpjax, so the first run needs no download.
+
+Examples:
+  >>> import tempfile, os
+  >>> d = tempfile.mkdtemp()
+  >>> for i in range(4):
+  ...   _ = open(os.path.join(d, f"f{i}.txt"), "w").write("hello world " * 50)
+  >>> ds = text_dataset(os.path.join(d, "*.txt"), "byte", cache_root=d)
+  >>> ds.vocab_size, len(ds.train_tokens) + len(ds.eval_tokens)
+  (257, 2404)
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import sys
+import sysconfig
+import zlib
+
+import numpy as np
+
+from lpjax.data import _cache as cache
+from lpjax.data._token_stream import TokenStreamDataset
+from lpjax.data._tokenizers import get_tokenizer
+
+# Directories of the standard library left out of the offline corpus (tests, vendored packages).
+_STDLIB_EXCLUDE = ("test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__")
+
+
+def stdlib_source_files() -> list[str]:
+  """The .py files of this Python's standard library (the embedded offline corpus), sorted."""
+  root = sysconfig.get_paths()["stdlib"]
+  files = []
+  for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+    parts = os.path.relpath(path, root).split(os.sep)
+    if not any(p in _STDLIB_EXCLUDE for p in parts[:-1]):
+      files.append(path)
+  return sorted(files, key=lambda p: os.path.relpath(p, root))
+
+
+def _is_eval_file(relpath: str, eval_percent: int) -> bool:
+  """Deterministic split by file: a stable hash of the relative path."""
+  return zlib.crc32(relpath.encode()) % 100 < eval_percent
+
+
+def _tokenize_files(files, root, tokenizer, eval_percent):
+  dtype = cache.smallest_uint(tokenizer.vocab_size)
+  parts = {"train": [], "validation": []}
+  single = len(files) == 1
+  for path in files:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      ids = np.append(tokenizer.encode(f.read()), tokenizer.eos_id).astype(dtype)
+    if single:  # one file: its last eval_percent of tokens is the validation split
+      cut = len(ids) - max(len(ids) * eval_percent // 100, 1)
+      parts["train"].append(ids[:cut])
+      parts["validation"].append(ids[cut:])
+    else:
+      split = "validation" if _is_eval_file(os.path.relpath(path, root), eval_percent) else "train"
+      parts[split].append(ids)
+  if not parts["validation"] and parts["train"]:  # guarantee a non-empty eval split
+    parts["validation"].append(parts["train"].pop())
+  return {k: np.concatenate(v) if v else np.zeros((0,), dtype) for k, v in parts.items()}
+
+
+def _fingerprint(files, tokenizer_name: str, eval_percent: int) -> str:
+  h = hashlib.sha256(f"{tokenizer_name}|{eval_percent}".encode())
+  for path in files:
+    st = os.stat(path)
+    h.update(f"{path}|{st.st_size}|{int(st.st_mtime)}".encode())
+  return h.hexdigest()[:16]
+
+
+def text_dataset(pattern: str, tokenizer: str = "byte", *, eval_percent: int = 3,
+                 cache_root: str | None = None, name: str | None = None) -> TokenStreamDataset:
+  """A TokenStreamDataset from a text file or glob, tokenized once into the cache."""
+  files = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+  files = [f for f in files if os.path.isfile(f)]
+  if not files:
+    raise FileNotFoundError(f"No text files match {pattern!r}; set data.path to a file or a glob "
+                            "such as 'corpus/*.txt'.")
+  tok = get_tokenizer(tokenizer)
+  root = os.path.commonpath([os.path.dirname(f) for f in files])
+  key = f"text-{_fingerprint(files, tok.name, eval_percent)}"
+  splits = cache.cached_splits(cache.cache_dir(cache_root), key,
+                               lambda: _tokenize_files(files, root, tok, eval_percent))
+  return TokenStreamDataset(splits["train"], splits["validation"], vocab_size=tok.vocab_size,
+                            name=name or pattern)
+
+
+def embedded_dataset(tokenizer: str = "byte", *, eval_percent: int = 3,
+                     cache_root: str | None = None) -> TokenStreamDataset:
+  """The offline default: this Python's standard library source, split by file."""
+  files = stdlib_source_files()
+  if not files:
+    raise FileNotFoundError("Found no Python standard library sources for the embedded corpus; "
+                            "use data.source='text' with data.path pointing at text files.")
+  tok = get_tokenizer(tokenizer)
+  root = sysconfig.get_paths()["stdlib"]
+  version = "py{}.{}".format(*sys.version_info[:2])
+  key = f"stdlib-{version}-{_fingerprint(files, tok.name, eval_percent)}"
+  splits = cache.cached_splits(cache.cache_dir(cache_root), key,
+                               lambda: _tokenize_files(files, root, tok, eval_percent))
+  return TokenStreamDataset(splits["train"], splits["validation"], vocab_size=tok.vocab_size,
+                            name=f"{version}-stdlib")

@@ -1,0 +1,207 @@
+"""Flax NNX layers whose matmuls / convolutions run through a GEMM recipe.
+
+Each layer picks its recipe at trace time: from `policy.recipe_for(path)` when it has a policy
+(`apply_policy(model, policy)` sets the policy and each layer's path), else from its own `recipe`.
+Stochastic rounding and RHT signs take a fresh key per call from the layer's RNG stream (the
+"quant" stream of the `nnx.Rngs` it was built with, falling back to "default"; or `key=` at call
+time). With `collect_stats=True` a layer sows the numerics statistics of its forward operands
+(`lpjax.quant.operand_stats`) as `nnx.Intermediate` "quant_stats"; collect them with
+`nnx.capture`. They are computed beside the GEMM and never change its result.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from flax import nnx
+  >>> layer = QDense(64, 32, recipe="mxfp4", rngs=nnx.Rngs(params=0, quant=1))
+  >>> nnx.jit(lambda m, x: m(x))(layer, jnp.ones((4, 64))).shape   # a new SR key per call
+  (4, 32)
+  >>> layer = QDense(64, 32, recipe="mxfp4_naive", collect_stats=True, rngs=nnx.Rngs(0))
+  >>> forward = nnx.jit(lambda m, x: nnx.capture(m, nnx.Intermediate)(x))
+  >>> y, inter = forward(layer, jnp.ones((4, 64)))
+  >>> sorted(inter["quant_stats"][0])
+  ['lhs', 'rhs']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import dtypes, initializers
+
+from lpjax import quant
+from lpjax.quant import GemmRecipe, QuantPolicy, path_str
+
+default_kernel_init = initializers.lecun_normal()
+default_bias_init = initializers.zeros_init()
+
+
+class _Quantized(nnx.Module):
+  """Recipe, policy, path, RNG stream and statistics shared by the quantized layers."""
+
+  def _setup_quant(self, recipe, policy, path, collect_stats, rngs):
+    self.recipe = recipe  # GemmRecipe or preset name (used when policy is None)
+    self.policy = policy  # QuantPolicy or None
+    self.path = path  # this layer's module path, for the policy
+    self.collect_stats = collect_stats
+    if isinstance(rngs, nnx.Rngs):
+      stream = rngs["quant"] if "quant" in rngs else (rngs["default"] if "default" in rngs else None)
+    else:
+      stream = rngs
+    self.quant_rngs = stream.fork() if stream is not None else nnx.data(None)
+
+  def active_recipe(self) -> GemmRecipe:
+    """The recipe this layer runs now (the policy's, else its own `recipe`)."""
+    if self.policy is not None:
+      return self.policy.recipe_for(self.path)
+    return quant.get_recipe(self.recipe)
+
+  def _key(self, recipe: GemmRecipe, key):
+    if key is not None or recipe.is_high_precision:
+      return key
+    if self.quant_rngs is None:
+      if recipe.needs_key:
+        raise ValueError(f"{type(self).__name__} at {self.path!r}: recipe {recipe} needs random "
+                         "keys; build the layer with nnx.Rngs(quant=...) or pass key=.")
+      return None
+    return self.quant_rngs()
+
+  def _init_bias(self, use_bias, bias_init, n, param_dtype, rngs):
+    return nnx.Param(bias_init(rngs.params(), (n,), param_dtype)) if use_bias else nnx.data(None)
+
+  def _prepare(self, x, key):
+    """(x, kernel, bias) promoted to the layer's dtype, the active recipe and its key."""
+    bias = self.bias[...] if self.bias is not None else None
+    x, kernel, bias = dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
+    recipe = self.active_recipe()
+    return x, kernel, bias, recipe, self._key(recipe, key)
+
+  def _sow_stats(self, stats_fn):
+    if self.collect_stats:
+      self.sow(nnx.Intermediate, "quant_stats", jax.lax.stop_gradient(stats_fn()))
+
+
+class QDense(_Quantized):
+  """nnx.Linear with its GEMMs quantized: y = x @ kernel (+ bias), kernel (in_features, out_features)."""
+
+  def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True, dtype=None,
+               param_dtype=jnp.float32, kernel_init=default_kernel_init,
+               bias_init=default_bias_init, recipe="bf16", policy: QuantPolicy | None = None,
+               path: str = "", collect_stats: bool = False, rngs: nnx.Rngs):
+    self.in_features, self.out_features = in_features, out_features
+    self.dtype, self.param_dtype = dtype, param_dtype
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
+    self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
+    self._setup_quant(recipe, policy, path, collect_stats, rngs)
+
+  def __call__(self, x, *, key=None):
+    x, kernel, bias, recipe, key = self._prepare(x, key)
+    dn = (((x.ndim - 1,), (0,)), ((), ()))
+    self._sow_stats(lambda: quant.operand_stats(x, kernel, dn, recipe, key=key))
+    y = quant.dot_general(x, kernel, dn, recipe, key=key)
+    return y if bias is None else y + bias
+
+
+class QEinsum(_Quantized):
+  """A two-operand einsum through a recipe.
+
+  With `kernel_shape`: `layer(x)` computes einsum(einsum_str, x, kernel) (+ bias), like
+  nnx.Einsum. Without: `layer(a, b)` multiplies two activations (e.g. the attention products,
+  named "attn_scores" / "attn_values" so that the default policy keeps them in bf16).
+  """
+
+  def __init__(self, einsum_str: str, kernel_shape: Sequence[int] | None = None,
+               bias_shape: Sequence[int] | None = None, *, dtype=None, param_dtype=jnp.float32,
+               kernel_init=default_kernel_init, bias_init=default_bias_init, recipe="bf16",
+               policy: QuantPolicy | None = None, path: str = "", collect_stats: bool = False,
+               rngs: nnx.Rngs):
+    self.einsum_str = einsum_str.replace(" ", "")
+    self.dtype, self.param_dtype = dtype, param_dtype
+    self.kernel = (nnx.Param(kernel_init(rngs.params(), tuple(kernel_shape), param_dtype))
+                   if kernel_shape is not None else nnx.data(None))
+    self.bias = (nnx.Param(bias_init(rngs.params(), tuple(bias_shape), param_dtype))
+                 if bias_shape is not None else nnx.data(None))
+    self._setup_quant(recipe, policy, path, collect_stats, rngs)
+
+  def __call__(self, a, b=None, *, key=None):
+    if self.kernel is not None:
+      if b is not None:
+        raise TypeError("This QEinsum has a kernel: call it with one operand.")
+      b = self.kernel[...]
+    elif b is None:
+      raise TypeError("This QEinsum has no kernel: call it with two operands.")
+    bias = self.bias[...] if self.bias is not None else None
+    a, b, bias = dtypes.promote_dtype((a, b, bias), dtype=self.dtype)
+    recipe = self.active_recipe()
+    key = self._key(recipe, key)
+    self._sow_stats(lambda: quant.einsum_operand_stats(self.einsum_str, a, b, recipe, key=key))
+    y = quant.einsum(self.einsum_str, a, b, recipe=recipe, key=key)
+    return y if bias is None else y + bias
+
+
+def _tuple(v, n: int) -> tuple[int, ...]:
+  return (v,) * n if isinstance(v, int) else tuple(v)
+
+
+class QConv(_Quantized):
+  """nnx.Conv (channels-last inputs (N, *spatial, C), kernel (*kernel_size, C / groups, out))
+  whose three GEMMs run through the recipe (`lpjax.quant.conv_general_dilated`, im2col)."""
+
+  def __init__(self, in_features: int, out_features: int, kernel_size: int | Sequence[int], *,
+               strides: int | Sequence[int] = 1, padding: Any = "SAME",
+               input_dilation: int | Sequence[int] = 1, kernel_dilation: int | Sequence[int] = 1,
+               feature_group_count: int = 1, use_bias: bool = True, dtype=None,
+               param_dtype=jnp.float32, kernel_init=default_kernel_init,
+               bias_init=default_bias_init, recipe="bf16", policy: QuantPolicy | None = None,
+               path: str = "", collect_stats: bool = False, rngs: nnx.Rngs):
+    self.kernel_size = _tuple(kernel_size, 1 if isinstance(kernel_size, int) else len(kernel_size))
+    n = len(self.kernel_size)
+    self.strides, self.padding = _tuple(strides, n), padding
+    self.input_dilation, self.kernel_dilation = _tuple(input_dilation, n), _tuple(kernel_dilation, n)
+    self.feature_group_count = feature_group_count
+    self.dtype, self.param_dtype = dtype, param_dtype
+    if in_features % feature_group_count:
+      raise ValueError(f"in_features {in_features} is not divisible by feature_group_count "
+                       f"{feature_group_count}.")
+    shape = self.kernel_size + (in_features // feature_group_count, out_features)
+    self.kernel = nnx.Param(kernel_init(rngs.params(), shape, param_dtype))
+    self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
+    self._setup_quant(recipe, policy, path, collect_stats, rngs)
+
+  def __call__(self, x, *, key=None):
+    x, kernel, bias, recipe, key = self._prepare(x, key)
+    n = len(self.kernel_size)
+    spatial = "DHW"[-n:] if n <= 3 else None
+    if spatial is None:
+      raise ValueError("QConv supports 1-3 spatial dimensions.")
+    dn = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
+    padding = self.padding.upper() if isinstance(self.padding, str) else self.padding
+    if isinstance(padding, int):
+      padding = [(padding, padding)] * n
+    self._sow_stats(lambda: quant.conv_operand_stats(
+        x, kernel, self.strides, padding, lhs_dilation=self.input_dilation,
+        rhs_dilation=self.kernel_dilation, feature_group_count=self.feature_group_count,
+        recipe=recipe, key=key))
+    y = quant.conv_general_dilated(
+        x, kernel, self.strides, padding, lhs_dilation=self.input_dilation,
+        rhs_dilation=self.kernel_dilation, dimension_numbers=dn,
+        feature_group_count=self.feature_group_count, recipe=recipe, key=key)
+    return y if bias is None else y + bias
+
+
+QUANTIZED_LAYERS = (QDense, QEinsum, QConv)
+
+
+def apply_policy(model: nnx.Module, policy: QuantPolicy) -> list[tuple[str, str]]:
+  """Gives every quantized layer of `model` the policy and its module path.
+
+  Returns [(path, recipe name)] for logging.
+  """
+  out = []
+  for path, module in nnx.iter_modules(model):
+    if isinstance(module, QUANTIZED_LAYERS):
+      module.policy = policy
+      module.path = path_str(path)
+      out.append((module.path, str(policy.recipe_for(module.path))))
+  return out

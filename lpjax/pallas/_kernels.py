@@ -1,0 +1,304 @@
+"""The Pallas kernels: one tile of the 2-D view (`plan.View`) per program.
+
+Every kernel takes a small uint32 `params` vector (PARAMS_* slots: stochastic-rounding key words
+and NVFP4 per-tensor values) and the tiles of its array operands. Random bits are
+`rng.hash_bits(flat index, key)` with the flat index of each element in the quantized array's own
+shape, rebuilt from `pl.program_id`, so they do not depend on the tile grid (docs/quant.md,
+"Rounding"). The kernels run on the Triton backend of Pallas on GPU (`compiler_params` select it;
+JAX's default GPU backend is Mosaic GPU) and in interpret mode anywhere.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from lpjax.quant import _formats as formats
+  >>> from lpjax.pallas import _plan as plan
+  >>> x = jnp.linspace(-6.0, 6.0, 64).reshape(2, 32)
+  >>> view = plan.make_view(x.shape, 1, 32, ("rows",))
+  >>> params = make_params()
+  >>> codes, scales = quantize(params, view.to_2d(x), view=view, fmt=formats.get_format("mxfp4"),
+  ...                          rounding="nearest_even", scale_mode="floor", interpret=True)
+  >>> codes.shape, scales.shape, int(scales[0, 0])
+  ((2, 16), (2, 1), 127)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from lpjax.pallas import _tile_codec as tc
+from lpjax.quant import _fp32_bits as fb
+from lpjax.quant import _rng as rng
+
+U32 = jnp.uint32
+I32 = jnp.int32
+U8 = jnp.uint8
+F32 = jnp.float32
+# Slots of the params vector (KEY_ROWS: the key of the first direction, KEY_COLS: the second).
+KEY_ROWS, KEY_COLS, AMAX_T, NV_C_SIG, NV_C_EXP, NV_RECIP = 0, 2, 4, 5, 6, 7
+N_PARAMS = 8
+
+
+def make_params(key_rows=None, key_cols=None, amax_t_bits=None, nvfp4=None):
+  """The uint32 params vector: key words (rows, cols), NVFP4 amax_t and per-tensor constants."""
+  words = [U32(0)] * N_PARAMS
+  for slot, key in ((KEY_ROWS, key_rows), (KEY_COLS, key_cols)):
+    if key is not None:
+      words[slot], words[slot + 1] = rng.key_words(key)
+  if amax_t_bits is not None:
+    words[AMAX_T] = amax_t_bits
+  if nvfp4 is not None:
+    words[NV_C_SIG], words[NV_C_EXP], words[NV_RECIP] = nvfp4
+  return jnp.stack([jnp.asarray(w, U32).reshape(()) for w in words])
+
+
+def _compiler_params(tile, interpret):
+  if interpret:
+    return None
+  from jax.experimental.pallas import triton as pltriton  # noqa: PLC0415 (GPU only)
+  return pltriton.CompilerParams(num_warps=4 if tile[0] * tile[1] <= 4096 else 8, num_stages=1)
+
+
+def _tile_spec(block):
+  return pl.BlockSpec(block, lambda i, j: (i, j))
+
+
+def _params_spec():
+  return pl.BlockSpec((N_PARAMS,), lambda i, j: (0,))
+
+
+def _call(kernel, view, operands, in_blocks, outs, interpret, name):
+  """pallas_call over view.grid; `outs` is a list of (shape, dtype, block)."""
+  return pl.pallas_call(
+      kernel,
+      grid=view.grid,
+      in_specs=[_params_spec()] + [_tile_spec(b) if isinstance(b, tuple) else b for b in in_blocks],
+      out_specs=[_tile_spec(block) for _, _, block in outs],
+      out_shape=[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype, _ in outs],
+      interpret=interpret,
+      compiler_params=_compiler_params(view.tile, interpret),
+      name=name,
+  )(*operands)
+
+
+# --------------------------------------------------------------------------- in-kernel pieces
+
+
+def _flat_index(view, tile):
+  """uint32 flat index (row-major, in the logical (P, M, N) shape) of each element of the tile."""
+  tm, tn = tile
+  row0 = pl.program_id(0) * tm
+  slab = jax.lax.div(row0, I32(view.m_pad))  # tiles never straddle two slabs
+  m0 = row0 - slab * view.m_pad
+  rows = (m0 + jax.lax.broadcasted_iota(I32, tile, 0)).astype(U32)
+  cols = (pl.program_id(1) * tn + jax.lax.broadcasted_iota(I32, tile, 1)).astype(U32)
+  base = slab.astype(U32) * U32((view.m * view.n) % 2**32)
+  return base + rows * U32(view.n % 2**32) + cols
+
+
+def _random_bits(params_ref, slot, view, tile):
+  return tc.random_bits(_flat_index(view, tile), params_ref[slot], params_ref[slot + 1])
+
+
+def _nvfp4(params_ref, fmt):
+  if fmt.scale != "ue4m3":
+    return None
+  return params_ref[NV_C_SIG], params_ref[NV_C_EXP], params_ref[NV_RECIP]
+
+
+def _grouped(a, direction, block):
+  tm, tn = a.shape
+  if direction == "rows":
+    return a.reshape(tm, tn // block, block), 2
+  return a.reshape(tm // block, block, tn), 1
+
+
+def _encode(bits, params_ref, *, fmt, direction, rounding, scale_mode, view, key_slot):
+  """(codes (tm, tn), scales 2-D, both uint32) of a tile of float32 bits along `direction`."""
+  block = fmt.block_size
+  rbits = None
+  if rounding == "stochastic":
+    rbits, _ = _grouped(_random_bits(params_ref, key_slot, view, bits.shape), direction, block)
+  grouped, axis = _grouped(bits, direction, block)
+  codes, scales = tc.encode(grouped, fmt, axis, rounding=rounding, scale_mode=scale_mode,
+                            random_bits=rbits, nvfp4=_nvfp4(params_ref, fmt))
+  return codes, scales
+
+
+def _codes_out(codes, fmt, direction):
+  """Grouped uint32 codes -> the tile's uint8 codes (4-bit ones packed along `direction`)."""
+  codes2d = codes.reshape(_tile_of(codes, direction))
+  if fmt.element.is_packed:
+    codes2d = tc.pack_nibbles(codes2d, 1 if direction == "rows" else 0)
+  return codes2d.astype(U8)
+
+
+def _tile_of(grouped, direction):
+  s = grouped.shape
+  return (s[0], s[1] * s[2]) if direction == "rows" else (s[0] * s[1], s[2])
+
+
+def _scales_out(scales, direction):
+  s = scales.shape
+  return scales.reshape((s[0], s[1]) if direction == "rows" else (s[0], s[2])).astype(U8)
+
+
+def _decode(codes, scales, params_ref, fmt):
+  amax = params_ref[AMAX_T] if fmt.tensor_scale else None
+  return tc.decode(codes, scales, fmt, amax)
+
+
+def _rotate(x, h_ref, signs_ref, direction, hadamard):
+  """The RHT of a tile in float32: (x * signs) @ H / sqrt(g) per rotation block (hadamard.py)."""
+  hm = h_ref[...]
+  g = hm.shape[0]
+  tm, tn = x.shape
+  signs = signs_ref[...]
+  if direction == "rows":
+    xb = (x.reshape(tm, tn // g, g) * signs[None, None, :]).reshape(tm * tn // g, g)
+    y = jnp.dot(xb, hm, precision=jax.lax.Precision.HIGHEST).reshape(tm, tn)
+  else:  # the tile is one rotation block tall: rotate its columns, as rows like hadamard.py does
+    xt = (x * signs[:, None]).T
+    y = jnp.dot(xt, hm, precision=jax.lax.Precision.HIGHEST).T
+  prescale = hadamard[1]
+  if prescale is not None:  # the SR pre-scale of operand._pre, after the rotation
+    y = y * F32(prescale)
+  return y
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _quantize_kernel(params_ref, x_ref, *refs, fmt, directions, rounding, scale_mode, view,
+                     hadamard=None):
+  out_refs = refs
+  if hadamard is not None:
+    (h_ref, signs_ref), out_refs = refs[:2], refs[2:]
+  x = x_ref[...].astype(F32)
+  if hadamard is not None:
+    x = _rotate(x, h_ref, signs_ref, directions[0], hadamard)
+  bits = fb.to_bits(x)
+  for n, direction in enumerate(directions):
+    codes_ref, scales_ref = out_refs[2 * n: 2 * n + 2]
+    codes, scales = _encode(bits, params_ref, fmt=fmt, direction=direction, rounding=rounding,
+                            scale_mode=scale_mode, view=view, key_slot=(KEY_ROWS, KEY_COLS)[n])
+    codes_ref[...] = _codes_out(codes, fmt, direction)
+    scales_ref[...] = _scales_out(scales, direction)
+
+
+def _fake_kernel(params_ref, x_ref, *refs, fmt, direction, rounding, scale_mode, view,
+                 hadamard=None):
+  if hadamard is not None:
+    h_ref, signs_ref, out_ref = refs
+  else:
+    (out_ref,) = refs
+  x = x_ref[...].astype(F32)
+  if hadamard is not None:
+    x = _rotate(x, h_ref, signs_ref, direction, hadamard)
+  codes, scales = _encode(fb.to_bits(x), params_ref, fmt=fmt, direction=direction,
+                          rounding=rounding, scale_mode=scale_mode, view=view, key_slot=KEY_ROWS)
+  out = _decode(codes, scales, params_ref, fmt)
+  out_ref[...] = fb.from_bits(out.reshape(_tile_of(out, direction))).astype(out_ref.dtype)
+
+
+def _dequantize_kernel(params_ref, codes_ref, scales_ref, out_ref, *, fmt, direction):
+  codes = codes_ref[...].astype(U32)
+  if fmt.element.is_packed:
+    codes = tc.unpack_nibbles(codes, 1 if direction == "rows" else 0)
+  grouped, _ = _grouped(codes, direction, fmt.block_size)
+  scales = scales_ref[...].astype(U32)
+  scales = scales[:, :, None] if direction == "rows" else scales[:, None, :]
+  out = _decode(grouped, scales, params_ref, fmt)
+  out_ref[...] = fb.from_bits(out.reshape(_tile_of(out, direction))).astype(out_ref.dtype)
+
+
+def _rotate_kernel(params_ref, x_ref, h_ref, signs_ref, *out_refs, direction, hadamard):
+  del params_ref
+  y = _rotate(x_ref[...].astype(F32), h_ref, signs_ref, direction, hadamard)
+  if len(out_refs) == 2:
+    out_refs[0][...] = y
+  amax_ref = out_refs[-1]
+  abs_bits = fb.to_bits(y) & U32(fb.ABS_MASK)
+  finite = jnp.where(abs_bits < U32(fb.INF_BITS), abs_bits, U32(0))
+  amax_ref[...] = jnp.max(finite).reshape(1, 1)
+
+
+# --------------------------------------------------------------------------- host-side callers
+
+
+def _code_dims(fmt, direction, view):
+  """(rows, cols) of the 2-D codes, scales arrays and their blocks for one direction."""
+  tm, tn = view.tile
+  b = fmt.block_size
+  pack = 2 if fmt.element.is_packed else 1
+  if direction == "rows":
+    return ((view.rows, view.n_pad // pack), (tm, tn // pack),
+            (view.rows, view.n_pad // b), (tm, tn // b))
+  return ((view.rows // pack, view.n_pad), (tm // pack, tn),
+          (view.rows // b, view.n_pad), (tm // b, tn))
+
+
+def _hadamard_inputs(hadamard_matrix, signs):
+  g = hadamard_matrix.shape[0]
+  return [hadamard_matrix, signs], [pl.BlockSpec((g, g), lambda i, j: (0, 0)),
+                                    pl.BlockSpec((g,), lambda i, j: (0,))]
+
+
+def quantize(params, x2d, *, view, fmt, rounding, scale_mode, interpret, hadamard_matrix=None,
+             signs=None, prescale=None):
+  """Codes and scales (2-D, uint8) of x2d along each of view.directions (a flat list)."""
+  outs = []
+  for direction in view.directions:
+    codes_shape, codes_block, scales_shape, scales_block = _code_dims(fmt, direction, view)
+    outs += [(codes_shape, U8, codes_block), (scales_shape, U8, scales_block)]
+  operands, blocks = [params, x2d], [view.tile]
+  if hadamard_matrix is not None:
+    extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+    operands, blocks = operands + extra, blocks + extra_blocks
+  kernel = functools.partial(_quantize_kernel, fmt=fmt, directions=view.directions,
+                             rounding=rounding, scale_mode=scale_mode, view=view,
+                             hadamard=_rht(hadamard_matrix, prescale))
+  return _call(kernel, view, operands, blocks, outs, interpret, "lpjax_quantize")
+
+
+def _rht(hadamard_matrix, prescale):
+  """The kernels' `hadamard` argument: None (no RHT) or ("rht", pre-scale or None)."""
+  return None if hadamard_matrix is None else ("rht", None if prescale is None else float(prescale))
+
+
+def fake_quant(params, x2d, *, view, fmt, rounding, scale_mode, out_dtype, interpret,
+               hadamard_matrix=None, signs=None, prescale=None):
+  """fake-quantized values of x2d along view.directions[0], (rows, n_pad) in out_dtype."""
+  operands, blocks = [params, x2d], [view.tile]
+  if hadamard_matrix is not None:
+    extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+    operands, blocks = operands + extra, blocks + extra_blocks
+  kernel = functools.partial(_fake_kernel, fmt=fmt, direction=view.directions[0],
+                             rounding=rounding, scale_mode=scale_mode, view=view,
+                             hadamard=_rht(hadamard_matrix, prescale))
+  outs = [((view.rows, view.n_pad), out_dtype, view.tile)]
+  return _call(kernel, view, operands, blocks, outs, interpret, "lpjax_fake_quant")[0]
+
+
+def dequantize(params, codes2d, scales2d, *, view, fmt, out_dtype, interpret):
+  """Values (rows, n_pad) in out_dtype of 2-D codes and scales laid out as `quantize` writes."""
+  direction = view.directions[0]
+  _, codes_block, _, scales_block = _code_dims(fmt, direction, view)
+  kernel = functools.partial(_dequantize_kernel, fmt=fmt, direction=direction)
+  outs = [((view.rows, view.n_pad), out_dtype, view.tile)]
+  return _call(kernel, view, [params, codes2d, scales2d], [codes_block, scales_block], outs,
+               interpret, "lpjax_dequantize")[0]
+
+
+def rotate(params, x2d, *, view, hadamard_matrix, signs, interpret, values=True, prescale=None):
+  """[RHT of x2d [* prescale] in float32 (if `values`), per-tile finite amax bits (uint32,
+  view.grid)] along view.directions[0]."""
+  extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+  kernel = functools.partial(_rotate_kernel, direction=view.directions[0],
+                             hadamard=_rht(hadamard_matrix, prescale))
+  outs = [((view.rows, view.n_pad), F32, view.tile)] if values else []
+  outs.append((view.grid, U32, (1, 1)))
+  return _call(kernel, view, [params, x2d] + extra, [view.tile] + extra_blocks, outs, interpret,
+               "lpjax_hadamard")

@@ -1,0 +1,97 @@
+"""Which formats and shapes the kernels handle, argument checks, and where they run.
+
+Examples:
+  >>> from lpjax.quant import _formats as formats
+  >>> unsupported_reason(formats.get_format("mxfp4")) is None
+  True
+  >>> unsupported_reason(formats.get_format("nvfp4_16x16"))
+  'nvfp4_16x16 (16x16 tiles)'
+  >>> resolve_interpret(None)  # no GPU here: interpret mode
+  True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lpjax.quant import _formats as formats
+from lpjax.quant._packing import _normalize_axis
+
+SUPPORTED_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4")
+_SUPPORTED_TEXT = (f"{', '.join(SUPPORTED_FORMATS)} (and custom block formats with e8m0 or ue4m3 "
+                   "scales, float elements and a power-of-two block size >= 2)")
+
+
+def on_gpu() -> bool:
+  """Whether JAX's default backend is a GPU (where the kernels compile with Triton)."""
+  return jax.default_backend() == "gpu"
+
+
+def resolve_interpret(interpret) -> bool:
+  """interpret=None means: compile for the GPU when the default backend is one, else interpret."""
+  return (not on_gpu()) if interpret is None else bool(interpret)
+
+
+def unsupported_reason(fmt) -> str | None:
+  """None when a kernel handles `fmt`; otherwise what it lacks, for an error message."""
+  fmt = formats.get_format(fmt)
+  name = fmt.name or "this format"
+  if fmt.granularity != "block":
+    return f"{name} (per-{fmt.granularity} scaling)"
+  if fmt.tile:
+    return f"{name} ({fmt.block_size}x{fmt.block_size} tiles)"
+  if getattr(fmt, "fixed_scale_exponent", None) is not None:
+    return f"{name} (a fixed scale exponent)"
+  if fmt.scale not in ("e8m0", "ue4m3") or fmt.element.kind != "float":
+    return f"{name} ({fmt.element.name} elements with {fmt.scale} scales)"
+  b = fmt.block_size
+  if b < 2 or b & (b - 1):
+    return f"{name} (block size {b}, not a power of two >= 2)"
+  return None
+
+
+def check_supported(fmt):
+  """Returns the QuantFormat, or raises NotImplementedError naming the supported formats."""
+  fmt = formats.get_format(fmt)
+  reason = unsupported_reason(fmt)
+  if reason is not None:
+    raise NotImplementedError(f"The Pallas kernels do not handle {reason}. Supported: "
+                              f"{_SUPPORTED_TEXT}. Use impl='xla' (or 'auto') for this format.")
+  return fmt
+
+
+def check_options(fmt, rounding, scale_mode, key):
+  """Validates the quantizer options as lpjax.quant.quantize does; returns (fmt, scale_mode)."""
+  fmt = check_supported(fmt)
+  formats.check_rounding(rounding)
+  scale_mode = formats.check_scale_mode(fmt, scale_mode)
+  if rounding == "stochastic" and key is None:
+    raise ValueError("rounding='stochastic' needs an explicit key, e.g. key=jax.random.key(0).")
+  return fmt, scale_mode
+
+
+def check_input(x, what: str = "quantize"):
+  """x as a float array the kernels can load (fp64 is first rounded to fp32, like the XLA path)."""
+  dtype = jnp.result_type(x)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{what} needs a float array (bf16, fp16, fp32), got dtype {dtype}; cast it "
+                    "first, e.g. x.astype(jnp.float32).")
+  x = jnp.asarray(x)
+  return x
+
+
+def kernel_input(x):
+  """The array handed to a kernel: bf16 / fp16 / fp32 as is, anything wider as fp32."""
+  return x if x.dtype in (jnp.bfloat16, jnp.float16, jnp.float32) else x.astype(jnp.float32)
+
+
+def normalize_axis(axis: int, shape, fmt) -> int:
+  """The non-negative blocked axis; rejects scalars and empty arrays with a clear message."""
+  if 0 in tuple(shape):
+    raise ValueError(f"Cannot quantize an empty array (shape {tuple(shape)}): there is nothing to "
+                     "scale. Skip the call for empty inputs.")
+  if len(shape) == 0:
+    raise ValueError(f"Format {fmt} scales blocks along an axis; got a scalar. Use a per-tensor "
+                     "format (e.g. 'fp8_e4m3') or reshape to rank >= 1.")
+  return _normalize_axis(axis, len(shape))

@@ -1,0 +1,185 @@
+"""Encode and decode a grouped array: scales per group, element codes per element.
+
+Works on the grouped view of `layout.GroupLayout` (a reduction over `reduce_axes` with keepdims
+gives the per-group values). All arithmetic is exact integer arithmetic on float32 bits
+(`fp32_bits`), except for the asymmetric uint4 format (see `_encode_uint4`).
+
+Examples:
+  >>> import jax.numpy as jnp
+  >>> from lpjax.quant import _formats as formats, _fp32_bits as fp32_bits
+  >>> fmt = formats.get_format("mxfp4")
+  >>> x = fp32_bits.to_bits(jnp.array([[1.0, -3.0, 0.25, 6.0]]))
+  >>> enc = encode(x, fmt, (-1,), rounding="nearest_even", scale_mode="floor")
+  >>> [hex(int(c)) for c in enc.codes[0]], int(enc.scales[0, 0])   # scale 2**0: byte 127
+  (['0x2', '0xd', '0x0', '0x7'], 127)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lpjax.quant import _formats as formats
+from lpjax.quant import _fp32_bits as fb
+from lpjax.quant import _scales as sc
+
+U32 = jnp.uint32
+
+
+def materialize(values, opaque_zero):
+  """Returns uint32 per-group `values` unchanged, computed once per group instead of per element.
+
+  XLA fuses cheap elementwise producers into the per-element consumer of a broadcast and recomputes
+  them for every element (an optimization_barrier is gone by fusion time on XLA:CPU). Division is
+  "expensive" to XLA's fusion heuristics and is never duplicated that way, so each value is divided
+  by 1: a divisor derived from `opaque_zero` (0 at run time) so that it cannot be constant-folded.
+  """
+  one = U32(1) - opaque_zero.astype(U32)
+  out = []
+  for v in values:
+    out.append(v.astype(U32) // one)
+  return tuple(out)
+
+
+@dataclasses.dataclass
+class Encoded:
+  codes: Any  # uint32 element codes (sign included), grouped view
+  scales: Any  # keepdims per-group: uint32 bytes (e8m0 / ue4m3) or float32 bits (fp32)
+  tensor_amax_bits: Any = None  # NVFP4 amax_t (uint32 bits), else None
+  zeros: Any = None  # uint4: float32 block minimum (keepdims), else None
+
+
+def _with_sign(mag, negative, element):
+  """Magnitude code + sign -> code: sign-magnitude for floats, two's complement for ints."""
+  if element.kind == "int":
+    mask = (1 << element.bits) - 1
+    return jnp.where(negative, (U32(0) - mag) & mask, mag)
+  return mag | (negative.astype(U32) << (element.bits - 1))
+
+
+def _scaled_codes(x_bits, scale_bits, element, rounding, random_bits, opaque_zero):
+  """Codes of fl32(x * scale) rounded onto the element grid (NVFP4 and fp32-scale formats).
+
+  `scale_bits` is per group (keepdims): it is split once per group, then every element is
+  multiplied exactly and cheaply (`fp32_bits.mul_by_scale`).
+  """
+  significand, exp = fb.scale_parts(scale_bits)
+  significand_bits, exp = materialize((fb.to_bits(significand), exp), opaque_zero)
+  v = fb.mul_by_scale(x_bits, fb.from_bits(significand_bits), exp.astype(jnp.int32))
+  negative, sig, vexp = fb.split(v)
+  grid = fb.Grid.for_element(element)
+  mag = fb.round_to_grid(sig, vexp, grid, rounding, negative=negative, random_bits=random_bits)
+  return _with_sign(mag, negative, element)
+
+
+def _nf4_codes(x_bits, enc_bits):
+  """Nearest NF4 level of fl32(x * enc), ties to the even index (magnitudes compared as bits)."""
+  v = fb.mul(x_bits, enc_bits)
+  negative = (v >> 31) != 0
+  grid = formats.NF4_GRID
+  mids = ((grid[:-1] + grid[1:]) / np.float32(2)).astype(np.float32)
+  # Compare v with each midpoint exactly through an order-preserving map of the float bits.
+  key = jnp.where(negative, ~v, v | U32(0x80000000))
+  code = jnp.zeros(v.shape, U32)
+  for i, mid in enumerate(mids):
+    mid_bits = int(np.float32(mid).view(np.uint32))
+    mid_key = (~mid_bits & 0xFFFFFFFF) if mid < 0 or (mid == 0 and np.signbit(mid)) else mid_bits | 0x80000000
+    code = code + ((key > U32(mid_key)) | ((key == U32(mid_key)) & (i % 2 == 1))).astype(U32)
+  return code
+
+
+def _encode_uint4(x, reduce_axes, rounding, random_bits):
+  """Asymmetric uint4 (min/max). Float arithmetic: subnormal inputs may flush on XLA:CPU."""
+  xf = fb.from_bits(x)
+  # Exact min / max through an order-preserving map of the bits (float compares flush subnormals).
+  order = jnp.where((x >> 31) != 0, ~x, x | U32(0x80000000))
+  unorder = lambda k: jnp.where((k >> 31) != 0, k & U32(0x7FFFFFFF), ~k)
+  lo = fb.from_bits(unorder(jnp.min(order, axis=reduce_axes, keepdims=True)))
+  hi = fb.from_bits(unorder(jnp.max(order, axis=reduce_axes, keepdims=True)))
+  span = hi - lo
+  enc = jnp.where(span > 0, jnp.float32(15.0) / span, jnp.float32(1.0))
+  v = fb.to_bits((xf - lo) * enc)
+  negative, sig, exp = fb.split(v)
+  grid = fb.Grid.for_element(formats.ELEMENT_FORMATS["uint4"])
+  codes = fb.round_to_grid(sig, exp, grid, rounding, negative=negative, random_bits=random_bits)
+  return codes, fb.to_bits(jnp.float32(1.0) / enc), lo
+
+
+def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
+           tensor_amax_bits=None) -> Encoded:
+  """Quantizes grouped float32 bits `x_bits` per docs/numerics.md §4-6 and docs/quant.md."""
+  element = fmt.element
+  abs_bits = x_bits & U32(fb.ABS_MASK)
+  amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
+  opaque_zero = amax.reshape(-1)[0] >> 31  # 0 at run time: abs bits are < 2**31
+  (amax,) = materialize((amax,), opaque_zero)
+  bad = amax >= U32(fb.INF_BITS)  # NaN or Inf in the group: the whole group is NaN
+  negative = (x_bits >> 31) != 0
+  result = Encoded(codes=None, scales=None)
+
+  if fmt.scale == "e8m0":
+    if fmt.fixed_scale_exponent is None:
+      (k,) = materialize((sc.e8m0_exponent(amax, element, scale_mode),), opaque_zero)
+    else:  # a fixed power-of-two scale: the amax only flags NaN / Inf (QuantFormat)
+      k = jnp.full(amax.shape, fmt.fixed_scale_exponent, jnp.int32)
+    k = k.astype(jnp.int32)
+    _, sig, exp = fb.split(x_bits)
+    mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,
+                           negative=negative, random_bits=random_bits)
+    codes = _with_sign(mag, negative, element)
+    result.scales = jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32))
+  elif fmt.scale == "ue4m3":
+    if fmt.tensor_scale and tensor_amax_bits is None:
+      tensor_amax_bits = sc.finite_tensor_amax_bits(abs_bits)
+    s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
+    s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
+    codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
+    result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
+    result.tensor_amax_bits = tensor_amax_bits if fmt.tensor_scale else None
+  elif element.kind == "uint":
+    codes, scale_bits, lo = _encode_uint4(x_bits, reduce_axes, rounding, random_bits)
+    bad = bad | jnp.isnan(lo)
+    result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), scale_bits)
+    result.zeros = jnp.where(bad, jnp.float32(jnp.nan), lo)
+  else:  # fp32 scales: fp8 per tensor, int per channel / group, nf4
+    (enc,) = materialize((sc.fp32_encode_scale(amax, element.max_value),), opaque_zero)
+    if element.kind == "lut":
+      codes = _nf4_codes(x_bits, enc)
+    else:
+      codes = _scaled_codes(x_bits, enc, element, rounding, random_bits, opaque_zero)
+    result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), fb.recip(enc))
+  result.codes = jnp.where(bad, U32(0), codes)
+  return result
+
+
+def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None):
+  """Exact float32 bits of the dequantized grouped values (`scales` keepdims, as from encode)."""
+  element = fmt.element
+  if element.kind == "uint":
+    # fl32(code * scale) exactly (bit arithmetic, so XLA cannot contract it into an FMA with the
+    # add), then + lo in float32 (which flushes a subnormal lo on XLA:CPU; see docs/quant.md).
+    product = fb.mul_small(codes.astype(U32), jnp.zeros(codes.shape, jnp.int32),
+                           jnp.zeros(codes.shape, bool), scales)
+    return fb.to_bits(fb.from_bits(product) + zeros)
+  if fmt.scale == "e8m0":
+    negative, sig, exp = sc.decode_sig_exp(codes, element.name)
+    out = fb.pack_fp32(negative, sig, exp + scales.astype(jnp.int32) - 127)
+    bad = scales == sc.E8M0_NAN
+  else:
+    if fmt.scale == "ue4m3":
+      multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
+      bad = scales == sc.UE4M3_NAN
+      (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: bytes
+    else:
+      multiplier = scales
+      bad = (scales & U32(fb.ABS_MASK)) > U32(fb.INF_BITS)
+    if element.kind == "lut":
+      out = fb.mul(sc.decode_bits(codes, element.name), multiplier)
+    else:
+      negative, sig, exp = sc.decode_sig_exp(codes, element.name)
+      out = fb.mul_small(sig, exp, negative, multiplier)
+  return jnp.where(bad, U32(sc.F32_NAN_BITS), out)

@@ -1,0 +1,191 @@
+"""GEMM recipes as data: which operand of which of a layer's three GEMMs gets which quantizer.
+
+A linear layer Y = X W runs three GEMMs (docs/numerics.md §7), each with its own pair of operands:
+
+| GEMM    | computes       | lhs | rhs | contraction (the blocked axis of both operands) |
+|---------|----------------|-----|-----|--------------------------------------------------|
+| `fwd`   | Y = X W        | X   | W   | input features K                                 |
+| `dgrad` | dX = dY W^T    | dY  | W   | output features N                                |
+| `wgrad` | dW = X^T dY    | X   | dY  | tokens M (every batch/sequence position)         |
+
+A `GemmRecipe` holds one `GemmQuant(lhs=..., rhs=...)` per GEMM; each operand is an
+`OperandQuant` (format, rounding, scale rule, Hadamard block, SR pre-scale), `None` (high
+precision), or `REUSE_FWD` (backward operands only: reuse the forward GEMM's fake-quantized
+X or W, i.e. autodiff through fake quantization with a straight-through estimator, as the
+Stable-SPAM paper's code does).
+
+Examples:
+  >>> from lpjax.quant._gemm_recipe import GemmQuant, GemmRecipe, OperandQuant
+  >>> rtn = OperandQuant("mxfp4")
+  >>> sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
+  ...                   sr_prescale=0.75)
+  >>> r = GemmRecipe(fwd=GemmQuant(lhs=rtn, rhs=rtn), dgrad=(sr, sr), wgrad=(sr, sr),
+  ...                compute_dtype="bfloat16")
+  >>> r.dgrad.lhs.rounding, r.compute_dtype, r.needs_key
+  ('stochastic', dtype(bfloat16), True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+import jax.numpy as jnp
+import numpy as np
+
+from lpjax.quant import _formats as formats, _ssp as ssp
+
+REUSE_FWD = "reuse_fwd"  # backward operand = the forward GEMM's fake-quantized X or W (STE)
+RESIDUAL_MODES = ("high_precision", "quantized")
+GEMMS = ("fwd", "dgrad", "wgrad")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandQuant:
+  """How one GEMM operand is quantized, along the GEMM's contraction axis.
+
+  Order of operations: x -> RHT (if `hadamard_block`) -> x * sr_prescale (if set) -> quantize
+  with `fmt` / `rounding` / `scale_mode` -> dequantize -> / sr_prescale.
+
+  The pre-scale (Tseng et al. 2025) keeps stochastic rounding unbiased by keeping every block
+  inside the element range. The block scale is computed from the pre-scaled values, so with e8m0
+  scales it needs scale_mode="rceil": ceil(log2(3/4 amax / 6)) = floor(log2 amax) - 2 (the OCP
+  scale of the unscaled block) unless amax is a power of two, where it picks the next finer scale
+  that still does not clip. The OCP "floor" rule would clip again (rejected).
+  """
+
+  fmt: Union[str, formats.QuantFormat]  # a core format name / QuantFormat, or an SSP name ("ssp_fp4_g256")
+  _: dataclasses.KW_ONLY
+  rounding: str = "nearest_even"  # any of formats.ROUNDING_MODES; "stochastic" needs a key
+  scale_mode: str | None = None  # e8m0 scale rule (floor / ceil / even / rceil); None = format default
+  hadamard_block: int | None = None  # RHT block along the contraction axis; both operands must agree
+  sr_prescale: float | None = None  # multiply before rounding, divide after (Tseng et al.: 0.75)
+
+  def __post_init__(self):
+    if isinstance(self.fmt, str) and self.fmt in ssp.NAMES:
+      if self.rounding != "nearest_even" or self.scale_mode is not None:
+        raise ValueError(f"SSP quantizer {self.fmt!r} rounds half to even with its own scales; "
+                         "rounding and scale_mode cannot be changed.")
+    else:
+      fmt = formats.get_format(self.fmt)  # raises ValueError naming the valid formats
+      formats.check_rounding(self.rounding)
+      formats.check_scale_mode(fmt, self.scale_mode)
+    if self.hadamard_block is not None:
+      b = self.hadamard_block
+      if not isinstance(b, int) or b < 2 or b & (b - 1):
+        raise ValueError(f"hadamard_block must be a power of two >= 2, got {b!r}.")
+    if self.sr_prescale is not None and not 0.0 < self.sr_prescale <= 1.0:
+      raise ValueError(f"sr_prescale must be in (0, 1], got {self.sr_prescale!r}.")
+    if (self.sr_prescale is not None and not self.is_ssp and self.format.scale == "e8m0"
+        and self.scale_mode in (None, "floor", "even")):
+      # The block scale is computed from the pre-scaled values: with a floor scale, a block whose
+      # amax mantissa is below 4/3 drops one binade and clips again, and SR is biased.
+      raise ValueError("sr_prescale with e8m0 scales needs a non-clipping scale_mode ('rceil' or "
+                       "'ceil'): the scale is computed after pre-scaling, so the 'floor' rule can "
+                       "still clip. With 'rceil', x 3/4 reproduces Tseng et al.'s scale.")
+
+  @property
+  def is_ssp(self) -> bool:
+    return isinstance(self.fmt, str) and self.fmt in ssp.NAMES
+
+  @property
+  def format(self) -> formats.QuantFormat | None:
+    """The core QuantFormat (None for SSP quantizers)."""
+    return None if self.is_ssp else formats.get_format(self.fmt)
+
+  @property
+  def stochastic(self) -> bool:
+    return self.rounding == "stochastic"
+
+
+Operand = Union[OperandQuant, str, None]
+
+
+def _check_operand(op, gemm: str, side: str, reusable: bool):
+  if op is None or isinstance(op, OperandQuant):
+    return op
+  if op == REUSE_FWD:
+    if not reusable:
+      raise ValueError(f"{gemm}.{side}: REUSE_FWD only applies to dgrad.rhs (W) and wgrad.lhs (X).")
+    return op
+  raise TypeError(f"{gemm}.{side} must be an OperandQuant, None or REUSE_FWD, got {op!r}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmQuant:
+  """The two operands of one GEMM (see the module docstring for which is lhs and rhs)."""
+
+  lhs: Operand = None  # fwd: X; dgrad: dY; wgrad: X
+  rhs: Operand = None  # fwd: W; dgrad: W;  wgrad: dY
+
+  @property
+  def hadamard_block(self) -> int | None:
+    """The RHT block of this GEMM (shared by both operands), or None."""
+    blocks = {op.hadamard_block for op in (self.lhs, self.rhs)
+              if isinstance(op, OperandQuant) and op.hadamard_block}
+    return blocks.pop() if blocks else None
+
+  def operands(self):
+    return (self.lhs, self.rhs)
+
+
+def _as_gemm_quant(value, gemm: str) -> GemmQuant:
+  if value is None:
+    return GemmQuant()
+  if isinstance(value, GemmQuant):
+    g = value
+  elif isinstance(value, (tuple, list)) and len(value) == 2:
+    g = GemmQuant(lhs=value[0], rhs=value[1])
+  else:
+    raise TypeError(f"{gemm} must be a GemmQuant, an (lhs, rhs) pair or None, got {value!r}.")
+  reusable = {"fwd": (False, False), "dgrad": (False, True), "wgrad": (True, False)}[gemm]
+  lhs = _check_operand(g.lhs, gemm, "lhs", reusable[0])
+  rhs = _check_operand(g.rhs, gemm, "rhs", reusable[1])
+  # The RHT must be the same on both sides of the contraction to cancel; a high-precision
+  # operand opposite a rotated one is rotated too (without quantization).
+  if all(isinstance(op, OperandQuant) for op in (lhs, rhs)) and lhs.hadamard_block != rhs.hadamard_block:
+    raise ValueError(f"{gemm}: both quantized operands must use the same hadamard_block, got "
+                     f"lhs={lhs.hadamard_block} and rhs={rhs.hadamard_block}.")
+  return GemmQuant(lhs=lhs, rhs=rhs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmRecipe:
+  """Quantization of a layer's three GEMMs, the GEMM input dtype, and what the backward keeps.
+
+  Hashable, so it can be a static argument of `jax.jit`.
+  """
+
+  fwd: GemmQuant = GemmQuant()  # Y = X W; blocks along K
+  dgrad: GemmQuant = GemmQuant()  # dX = dY W^T; blocks along the output features N
+  wgrad: GemmQuant = GemmQuant()  # dW = X^T dY; blocks along the tokens M
+  compute_dtype: Any = None  # dtype the (fake-quantized) operands are fed to the GEMM in; None = as given
+  residuals: str = "high_precision"  # "high_precision": keep X, W; "quantized": keep packed QArrays
+  name: str = ""  # preset name, for printing and logging
+
+  def __post_init__(self):
+    for gemm in GEMMS:
+      object.__setattr__(self, gemm, _as_gemm_quant(getattr(self, gemm), gemm))
+    if self.compute_dtype is not None:
+      object.__setattr__(self, "compute_dtype", np.dtype(jnp.dtype(self.compute_dtype)))
+    if self.residuals not in RESIDUAL_MODES:
+      raise ValueError(f"residuals must be one of {RESIDUAL_MODES}, got {self.residuals!r}.")
+    fwd_rht = self.fwd.hadamard_block is not None
+    reuses = REUSE_FWD in (self.dgrad.rhs, self.wgrad.lhs)
+    if fwd_rht and reuses:
+      raise ValueError("REUSE_FWD cannot be combined with a forward Hadamard transform: the reused "
+                       "operand would be rotated along an axis the backward GEMM does not contract.")
+
+  @property
+  def is_high_precision(self) -> bool:
+    """True when no operand of any GEMM is quantized."""
+    return all(op is None for g in (self.fwd, self.dgrad, self.wgrad) for op in g.operands())
+
+  @property
+  def needs_key(self) -> bool:
+    """True when some operand uses stochastic rounding (dot_general then needs `key`)."""
+    return any(isinstance(op, OperandQuant) and op.stochastic
+               for g in (self.fwd, self.dgrad, self.wgrad) for op in g.operands())
+
+  def __str__(self):
+    return self.name or repr(self)

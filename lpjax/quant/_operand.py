@@ -1,0 +1,188 @@
+"""One GEMM operand through its recipe: RHT, SR pre-scale, quantize, dequantize; keys; statistics.
+
+`fake(x, op, axis=..., ...)` gives the values a quantized GEMM multiplies (in the compute dtype);
+`pack` / `unpack` split the same computation at the packed `QArray`, for the memory-saving
+residual mode, and give bit-identical values. Keys are derived deterministically from the GEMM's
+key: `operand_key(key, "dgrad", LHS)` etc., and `hadamard_signs(key, gemm, block)` (shared by both
+operands of the GEMM).
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from lpjax.quant._gemm_recipe import OperandQuant
+  >>> x = jax.random.normal(jax.random.key(0), (4, 64))
+  >>> op = OperandQuant("mxfp4", hadamard_block=32)
+  >>> signs = hadamard_signs(None, "fwd", 32)
+  >>> x_hat = jax.jit(lambda x: fake(x, op, axis=-1, key=None, signs=signs))(x)
+  >>> x_hat.shape, x_hat.dtype
+  ((4, 64), dtype('float32'))
+  >>> via_qarray = jax.jit(lambda x: unpack(pack(x, op, axis=-1, key=None, signs=signs), op, x.dtype))
+  >>> bool((via_qarray(x) == x_hat).all())
+  True
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lpjax.quant import _ssp as ssp
+from lpjax.quant._hadamard import hadamard, random_signs
+from lpjax.quant._packing import unpack_fp4
+from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize
+from lpjax.quant._gemm_recipe import OperandQuant
+from lpjax.quant._tables import decode_table
+
+GEMM_IDS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
+LHS, RHS = 0, 1
+_SIGNS = 2  # fold_in index of a GEMM's Hadamard signs (operands use 0 and 1)
+_DEFAULT_SIGNS_SEED = 0x5EED  # fixed signs when no key is given (a deterministic RHT)
+
+
+def gemm_key(key, gemm: str):
+  """The key of one GEMM of the three (None stays None)."""
+  return None if key is None else jax.random.fold_in(key, GEMM_IDS[gemm])
+
+
+def operand_key(key, gemm: str, side: int):
+  """The SR key of operand `side` (LHS / RHS) of `gemm`, derived from the layer's key."""
+  return None if key is None else jax.random.fold_in(gemm_key(key, gemm), side)
+
+
+def hadamard_signs(key, gemm: str, block: int):
+  """The ±1 RHT signs of `gemm`, shared by both its operands; fixed signs when key is None."""
+  base = jax.random.key(_DEFAULT_SIGNS_SEED) if key is None else key
+  return random_signs(jax.random.fold_in(gemm_key(base, gemm), _SIGNS), block)
+
+
+def rotate(x, block: int, axis: int, signs):
+  """RHT of `x` along `axis` in float32 (or wider), zero-padding the axis to a multiple of `block`.
+
+  Both operands of a GEMM are padded alike, so the padded contraction gives the same product.
+  """
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  axis = axis % x.ndim
+  pad = (-x.shape[axis]) % block
+  if pad:
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    x = jnp.pad(x, widths)
+  return hadamard(x, block, axis=axis, signs=signs)
+
+
+def _pre(x, op: OperandQuant, axis: int, signs, block: int | None):
+  """Everything before rounding: the RHT (if the GEMM has one) and the SR pre-scale."""
+  if block:
+    x = rotate(x, block, axis, signs)
+  if op is not None and op.sr_prescale is not None:
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32)) * np.float32(op.sr_prescale)
+  return x
+
+
+def _post(x_hat, op: OperandQuant, dtype):
+  if op.sr_prescale is not None:
+    x_hat = x_hat / np.float32(op.sr_prescale)
+  return x_hat.astype(dtype)
+
+
+def _quantize_kwargs(op: OperandQuant, axis: int, key):
+  if op.stochastic and key is None:
+    raise ValueError(f"Operand quantizer {op} uses stochastic rounding and needs a key: pass "
+                     "key=jax.random.key(...) to dot_general (or an 'quant' RNG stream to the layer).")
+  return dict(axis=axis, rounding=op.rounding, scale_mode=op.scale_mode,
+              key=key if op.stochastic else None)
+
+
+def fake(x, op, *, axis: int, key, signs=None, block: int | None = None, dtype=None):
+  """The GEMM-ready values of operand `x`: RHT (block) -> pre-scale -> fake-quantize -> unscale.
+
+  Args:
+    x: the operand, its contraction axis at `axis`.
+    op: an OperandQuant, or None for a high-precision operand (then only the RHT applies).
+    axis: the contraction axis (the blocked axis).
+    key: SR key of this operand (`operand_key`); needed when op rounds stochastically.
+    signs: the GEMM's RHT signs (`hadamard_signs`), when block is set.
+    block: the GEMM's Hadamard block (`GemmQuant.hadamard_block`), or None.
+    dtype: output dtype (the recipe's compute dtype); None keeps x's dtype.
+
+  Returns:
+    An array of x's shape (the axis padded to a multiple of `block`) in `dtype`.
+  """
+  dtype = x.dtype if dtype is None else dtype
+  xs = _pre(x, op, axis, signs, block)
+  if op is None:
+    return xs.astype(dtype)
+  if op.is_ssp:
+    return _post(ssp.quantize_ssp(xs, op.fmt, axis=axis), op, dtype)
+  return _post(fake_quant(xs, op.fmt, **_quantize_kwargs(op, axis, key)), op, dtype)
+
+
+def pack(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
+  """Like `fake` but stops at the packed QArray (SSP quantizers: the fake-quantized array)."""
+  xs = _pre(x, op, axis, signs, block)
+  if op.is_ssp:
+    return ssp.quantize_ssp(xs, op.fmt, axis=axis)
+  return quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
+
+
+def unpack(q, op: OperandQuant, dtype):
+  """The values `fake` would give, from what `pack` returned."""
+  if isinstance(q, QArray):
+    return _post(dequantize(q, q.dtype), op, dtype)
+  return _post(q, op, dtype)
+
+
+def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
+  """Numerics statistics of quantizing `x` with `op` (never used by the computation itself).
+
+  Returns a dict of float32 scalars, measured on the quantizer's input (after the RHT and the
+  pre-scale) and its dequantized output:
+    amax: max |x|;
+    frac_saturated: fraction of elements clipped at the element format's largest code
+      (the block maximum of an OCP floor-scaled block can exceed it by up to 25%);
+    frac_flushed: fraction of non-zero elements that quantize to zero;
+    snr_db: 10 log10(sum x^2 / sum (x - q(x))^2) (inf when exact).
+  """
+  xs = jax.lax.stop_gradient(_pre(x, op, axis, signs, block)).astype(jnp.float32)
+  saturated = jnp.zeros(xs.shape, bool)
+  if op.is_ssp:  # scaled by the absmax of what they round: these grids cannot saturate
+    x_hat = ssp.quantize_ssp(xs, op.fmt, axis=axis).astype(jnp.float32)
+  else:
+    q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
+    x_hat = dequantize(q, jnp.float32)
+    saturated = _saturated(xs, x_hat, q)
+  err = jnp.sum(jnp.square(xs - x_hat))
+  power = jnp.sum(jnp.square(xs))
+  snr = jnp.where(err > 0, 10.0 * jnp.log10(power / jnp.where(err > 0, err, 1.0)), jnp.inf)
+  return dict(
+      amax=jnp.max(jnp.abs(xs)) if xs.size else jnp.float32(0),
+      frac_saturated=jnp.mean(saturated.astype(jnp.float32)),
+      frac_flushed=jnp.mean(((xs != 0) & (x_hat == 0)).astype(jnp.float32)),
+      snr_db=snr.astype(jnp.float32),
+  )
+
+
+def _saturated(xs, x_hat, q: QArray):
+  """Elements whose code is the largest magnitude and whose input lay beyond it (clipped)."""
+  element = q.fmt.element
+  if element.kind == "uint":  # min/max scaling maps the group range onto the codes: no clipping
+    return jnp.zeros(xs.shape, bool)
+  codes = q.codes
+  if element.is_packed:
+    codes = unpack_fp4(codes, q.shape[q.layout.axis], axis=q.layout.axis)
+  at_max = jnp.asarray(np.abs(decode_table(element)) == element.max_value)[codes.astype(jnp.int32)]
+  # Beyond by more than fp32 round-off of the scale (per-tensor fp32 scales are not exact).
+  return at_max & (jnp.abs(xs) > jnp.abs(x_hat) * (1 + 2.0**-12)) & (x_hat != 0)
+
+
+def fake_quant_operand(x, op: OperandQuant, *, axis: int = -1, key=None):
+  """`x` through the quantizer of `op` (pre-scale, fake-quantize, unscale), without the GEMM's
+  Hadamard transform: e.g. a "pure" FP4 model's embedding table as its LM head's weight quantizer.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from lpjax.quant import OperandQuant
+    >>> fake_quant_operand(jnp.array([[0.3, 1.1, -2.9, 6.5]]), OperandQuant("mxfp4")).tolist()
+    [[0.5, 1.0, -3.0, 6.0]]
+  """
+  return fake(x, op, axis=axis, key=key)

@@ -1,0 +1,197 @@
+"""Which layer gets which GEMM recipe: one `QuantPolicy` object, from the config to the GEMM.
+
+A path is the layer's position in the model, "/"-joined ("layers/3/mlp/up_proj"; a tuple of keys
+is joined for you). `QuantPolicy.recipe_for(path)` decides, in this order:
+
+1. unless `pure`: a path matching one of `keep_high_precision` (embeddings, the LM head, norms,
+   the attention score and value products, plus what the model adds: its first and last layers)
+   -> `high_precision`;
+2. unless `pure`: a block index (`block_pattern`) among the first `keep_first_blocks` or the last
+   `keep_last_blocks` of `num_blocks` -> `high_precision`;
+3. the first of `rules` (regex, recipe) whose regex matches (re.search) -> that recipe;
+4. otherwise -> `recipe`.
+
+The name is resolved to a `GemmRecipe` by `lpjax.quant.recipes.get` (the one resolver), and
+`residuals` (if set) replaces the residual mode of the recipes of the quantized (not kept) layers.
+
+A training loop builds one policy from its settings (`QuantPolicy.from_settings`), a model
+completes it with its architecture (`for_model`: its number of blocks and the layers it always
+keeps), and a precision schedule switches recipes by handing the model another policy:
+`with_recipe(name)` replaces steps 3-4 and leaves the kept layers alone.
+
+Attention products are recognised by name: models call the score product (Q K^T) "attn_scores"
+(or "qk") and the value product (P V) "attn_values" (or "pv").
+
+Examples:
+  >>> p = QuantPolicy.from_settings("mxfp4", keep_last=1).for_model(num_blocks=4)
+  >>> p.recipe_for("layers/0/mlp/up").name, p.recipe_for("embed").name, p.recipe_for("layers/3/attn/q").name
+  ('mxfp4', 'bf16', 'bf16')
+  >>> p.recipe_for(("layers", 1, "attn", "attn_scores")).name
+  'bf16'
+  >>> p.with_recipe("bf16").recipe_for("layers/0/mlp/up").name
+  'bf16'
+  >>> QuantPolicy(recipe="mxfp4", pure=True).recipe_for("lm_head").name
+  'mxfp4'
+  >>> QuantPolicy.from_settings("mxfp4", residuals="quantized").recipe_for("layers/0/up").residuals
+  'quantized'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Sequence, Union
+
+from lpjax.quant import recipes
+from lpjax.quant._gemm_recipe import RESIDUAL_MODES, GemmRecipe
+
+RecipeLike = Union[str, GemmRecipe]
+
+# Layers every published FP4 recipe keeps in high precision (docs/numerics.md §7).
+DEFAULT_HIGH_PRECISION = (
+    r"(^|/)[^/]*embed[^/]*(/|$)",  # token / position embeddings (embed, embedding, embed_tokens, wte)
+    r"(^|/)(wte|wpe)(/|$)",
+    r"(^|/)(lm_head|head|unembed|logits|output_proj)(/|$)",  # the LM head / classifier
+    r"norm",  # RMSNorm / LayerNorm scales (no GEMM, listed for completeness)
+    r"(^|/)(attn_scores|attn_values|qk|pv)(/|$)",  # attention score and value products
+)
+# A block index in a path: "layers/3", "blocks.3", "layer_3", "h/3".
+DEFAULT_BLOCK_PATTERN = r"(?:^|/)(?:layers|blocks|block|layer|h)[/._]?(\d+)(?:[/._]|$)"
+
+def path_str(path) -> str:
+  """("layers", 3, "mlp") -> "layers/3/mlp"; strings pass through."""
+  if isinstance(path, str):
+    return path
+  return "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantPolicy:
+  """Per-layer recipes by regex over module paths (first match wins; see the module docstring)."""
+
+  recipe: RecipeLike = "bf16"  # recipe of every quantizable layer no rule matches
+  rules: tuple[tuple[str, RecipeLike], ...] = ()  # (regex, recipe), checked in order after the keeps
+  high_precision: RecipeLike = "bf16"  # recipe of the layers kept in high precision
+  keep_high_precision: tuple[str, ...] = DEFAULT_HIGH_PRECISION  # regexes of always-hp layers
+  keep_first_blocks: int = 0  # this many first blocks stay in high precision
+  keep_last_blocks: int = 0  # this many last blocks stay in high precision (needs num_blocks)
+  num_blocks: int | None = None  # number of blocks of the model
+  block_pattern: str = DEFAULT_BLOCK_PATTERN  # regex with one group: the block index of a path
+  pure: bool = False  # quantize everything: no keep_high_precision, no kept blocks
+  block_paths: tuple[str, ...] = ()  # regexes, block i = the i-th; if set, replaces block_pattern
+  residuals: str = ""  # "" = each recipe's own; else the residual mode of the quantized layers
+
+  @classmethod
+  def from_settings(cls, recipe: RecipeLike = "bf16", *, high_precision: RecipeLike = "bf16",
+                    pure: bool = False, keep_first: int = 0, keep_last: int = 0,
+                    residuals: str = "", **fields) -> "QuantPolicy":
+    """The policy of a training run's quantization settings (the `quant.*` config keys).
+
+    recipe: the recipe of every quantized layer; high_precision: the recipe of the kept layers;
+    pure: quantize the kept layers too; keep_first / keep_last: blocks kept in high precision
+    (the model supplies the number of blocks, see `for_model`); residuals: "" (the recipe's),
+    "high_precision" or "quantized" (FP4-packed GEMM operands saved for the backward pass).
+    Other QuantPolicy fields may be given by keyword.
+    """
+    return cls(recipe=recipe, high_precision=high_precision, pure=pure,
+               keep_first_blocks=keep_first, keep_last_blocks=keep_last, residuals=residuals,
+               **fields)
+
+  def __post_init__(self):
+    object.__setattr__(self, "rules", tuple((str(p), r) for p, r in self.rules))
+    object.__setattr__(self, "keep_high_precision", tuple(self.keep_high_precision))
+    object.__setattr__(self, "block_paths", tuple(self.block_paths))
+    for pattern in ([p for p, _ in self.rules] + list(self.keep_high_precision)
+                    + [self.block_pattern] + list(self.block_paths)):
+      re.compile(pattern)  # fail early on a bad regex
+    if self.keep_first_blocks < 0 or self.keep_last_blocks < 0:
+      raise ValueError("keep_first_blocks and keep_last_blocks must be >= 0.")
+    if self.residuals and self.residuals not in RESIDUAL_MODES:
+      raise ValueError(f"residuals must be '' (each recipe's own) or one of {RESIDUAL_MODES}, "
+                       f"got {self.residuals!r}.")
+
+  def for_model(self, *, num_blocks: int | None = None, keep_high_precision: Sequence[str] = (),
+                block_paths: Sequence[str] = ()) -> "QuantPolicy":
+    """This policy completed by a model: its blocks and the layers it always keeps.
+
+    Models call this when they are built (e.g. a ResNet adds its stem, a U-Net its input and
+    output convs). `num_blocks` is what `keep_last` counts back from; a model whose block paths
+    carry no index in forward order (a U-Net's encoder, middle and decoder levels) lists one
+    regex per block in `block_paths` instead.
+    """
+    keeps = self.keep_high_precision + tuple(p for p in keep_high_precision
+                                             if p not in self.keep_high_precision)
+    block_paths = tuple(block_paths) or self.block_paths
+    if block_paths:
+      num_blocks = len(block_paths)
+    return dataclasses.replace(self, num_blocks=num_blocks if num_blocks is not None
+                               else self.num_blocks, keep_high_precision=keeps,
+                               block_paths=block_paths)
+
+  def with_recipe(self, recipe: RecipeLike | None) -> "QuantPolicy":
+    """Every layer this policy quantizes runs `recipe` instead; kept layers stay (None: self).
+
+    This is how a precision schedule switches recipes (warm-up, finish, fallback).
+    """
+    if recipe is None:
+      return self
+    return dataclasses.replace(self, recipe=recipe, rules=())
+
+  @property
+  def varies_by_block(self) -> bool:
+    """True when blocks of one model get different recipes (so they cannot share one scan)."""
+    return not self.pure and bool(self.keep_first_blocks or self.keep_last_blocks)
+
+  def kept_high_precision(self, path) -> bool:
+    """True when the policy keeps the layer at `path` in high precision (steps 1-2)."""
+    if self.pure:
+      return False
+    path = path_str(path)
+    if any(re.search(p, path) for p in self.keep_high_precision):
+      return True
+    i = self.block_index(path) if (self.keep_first_blocks or self.keep_last_blocks) else None
+    if i is not None:
+      if self.keep_last_blocks and self.num_blocks is None:
+        raise ValueError("keep_last_blocks needs num_blocks (the number of blocks of the model); "
+                         "models fill it in with QuantPolicy.for_model(num_blocks=...).")
+      if i < self.keep_first_blocks:
+        return True
+      if self.keep_last_blocks and i >= self.num_blocks - self.keep_last_blocks:
+        return True
+    return False
+
+  def block_index(self, path) -> int | None:
+    """The index of the block that holds the layer at `path` (None: outside every block)."""
+    path = path_str(path)
+    if self.block_paths:
+      return next((i for i, p in enumerate(self.block_paths) if re.search(p, path)), None)
+    m = re.search(self.block_pattern, path)
+    return int(m.group(1)) if m else None
+
+  def recipe_for(self, path) -> GemmRecipe:
+    """The GemmRecipe of the layer at `path` (a "/"-joined string or a tuple of keys)."""
+    path = path_str(path)
+    if self.kept_high_precision(path):
+      return recipes.get(self.high_precision)
+    recipe = recipes.get(self._rule_or_default(path))
+    if self.residuals and not recipe.is_high_precision and recipe.residuals != self.residuals:
+      recipe = _with_residuals(recipe, self.residuals)
+    return recipe
+
+  def _rule_or_default(self, path: str) -> RecipeLike:
+    for pattern, recipe in self.rules:
+      if re.search(pattern, path):
+        return recipe
+    return self.recipe
+
+  def describe(self, paths: Sequence) -> str:
+    """A table 'path -> recipe' (e.g. to log once at the start of training)."""
+    rows = [(path_str(p), str(self.recipe_for(p))) for p in paths]
+    width = max([len(p) for p, _ in rows] + [4])
+    return "\n".join(f"{p:<{width}}  {r}" for p, r in rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_residuals(recipe: GemmRecipe, residuals: str) -> GemmRecipe:
+  return dataclasses.replace(recipe, residuals=residuals)

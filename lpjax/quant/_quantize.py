@@ -1,0 +1,242 @@
+"""quantize / dequantize / fake_quant and the QArray container (docs/quant.md).
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> x = jnp.array([[0.3, -1.0, 2.5, 6.0] * 8])
+  >>> q = quantize(x, "mxfp4")
+  >>> q.codes.shape, q.scales.shape, q.codes.dtype, int(q.scales[0, 0])
+  ((1, 16), (1, 1), dtype('uint8'), 127)
+  >>> dequantize(q)[0, :4].tolist()
+  [0.5, -1.0, 2.0, 6.0]
+  >>> jax.grad(lambda x: fake_quant(x, "nvfp4").sum())(x)[0, :4].tolist()  # straight-through
+  [1.0, 1.0, 1.0, 1.0]
+  >>> bool((quantize(x, "mxfp4", impl="pallas").codes == q.codes).all())  # the kernel, same bits
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from lpjax.quant import _codec as codec
+from lpjax.quant import _formats as formats
+from lpjax.quant import _fp32_bits as fb
+from lpjax.quant._layout import GroupLayout
+from lpjax.quant._packing import pack_fp4, unpack_fp4
+from lpjax.quant._rng import random_bits as _random_bits
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QArray:
+  """A quantized array: codes, block scales, and what is needed to dequantize them."""
+
+  codes: jax.Array  # uint8; 4-bit codes packed two per byte along the blocked axis
+  scales: jax.Array  # uint8 e8m0 / ue4m3 bytes, or float32; one per scaling group
+  tensor_scale: jax.Array | None  # float32 amax_t for NVFP4 (decode multiplier amax_t / 2688)
+  zeros: jax.Array | None  # float32 block minimum for uint4, else None
+  fmt: formats.QuantFormat = dataclasses.field(metadata=dict(static=True))
+  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  axis: int = dataclasses.field(metadata=dict(static=True))  # blocked axis (non-negative)
+  dtype: Any = dataclasses.field(metadata=dict(static=True))  # the dtype of the quantized x
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of real storage: codes + scales + tensor scale + zeros."""
+    parts = [self.codes, self.scales, self.tensor_scale, self.zeros]
+    return sum(math.prod(p.shape) * jnp.dtype(p.dtype).itemsize for p in parts if p is not None)
+
+  @property
+  def layout(self) -> GroupLayout:
+    return GroupLayout.make(self.fmt, self.shape, self.axis)
+
+
+# Implementations (docs/pallas.md): "xla" is this module; lpjax.pallas registers "pallas" on import.
+IMPLS = ("auto", "xla", "pallas")
+_BACKENDS: dict[str, Any] = {}
+
+
+def register_backend(name: str, backend) -> None:
+  """Registers a kernel implementation: an object with `unsupported(fmt) -> str | None` (why it
+  cannot handle fmt, or None), `check_supported(fmt)` (raises NotImplementedError) and
+  `quantize` / `dequantize` / `fake_quant` taking this module's arguments."""
+  _BACKENDS[name] = backend
+
+
+def _check_impl(impl):
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}.")
+
+
+def _auto_uses_kernels() -> bool:
+  """impl="auto": the kernels on a single GPU; XLA elsewhere, and when LPJAX_PALLAS_AUTO=0.
+
+  With several devices XLA would gather a sharded operand around the kernel (a pallas_call has no
+  partitioning rule), so "auto" keeps XLA there; call impl="pallas" inside shard_map instead.
+  """
+  if os.environ.get("LPJAX_PALLAS_AUTO", "1") == "0":
+    return False
+  return jax.default_backend() == "gpu" and jax.device_count() == 1
+
+
+def _kernel_backend(impl, fmt):
+  """The registered kernel backend to run, or None for this module's XLA implementation."""
+  _check_impl(impl)
+  if impl == "xla" or (impl == "auto" and not _auto_uses_kernels()):
+    return None
+  if "pallas" not in _BACKENDS:
+    importlib.import_module("lpjax.pallas")  # registers itself; quant has no import-time dependency
+  backend = _BACKENDS["pallas"]
+  if impl == "auto":
+    return None if backend.unsupported(fmt) else backend
+  backend.check_supported(fmt)
+  return backend
+
+
+def _check_input(x) -> jax.Array:
+  dtype = jnp.result_type(x)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    kind = "complex" if jnp.issubdtype(dtype, jnp.complexfloating) else "non-float"
+    raise TypeError(f"quantize needs a float array (bf16, fp16, fp32), got {kind} dtype {dtype}; "
+                    "cast it first, e.g. x.astype(jnp.float32).")
+  return jnp.asarray(x)
+
+
+def _options(fmt, rounding, scale_mode, key):
+  fmt = formats.get_format(fmt)
+  formats.check_rounding(rounding)
+  scale_mode = formats.check_scale_mode(fmt, scale_mode)
+  if rounding == "stochastic" and key is None:
+    raise ValueError("rounding='stochastic' needs an explicit key, e.g. key=jax.random.key(0).")
+  if fmt.element.kind == "lut" and rounding != "nearest_even":
+    raise ValueError(f"Format {fmt} ({fmt.element.name}) supports rounding='nearest_even' only, "
+                     f"got {rounding!r}.")
+  return fmt, scale_mode
+
+
+def _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax):
+  layout = GroupLayout.make(fmt, x.shape, axis)
+  x_bits = fb.to_bits(x.astype(jnp.float32))
+  rbits_g = None if rbits is None else layout.group(rbits)
+  amax_bits = None
+  if tensor_amax is not None:
+    amax_bits = fb.to_bits(jnp.asarray(tensor_amax, jnp.float32)) & jnp.uint32(fb.ABS_MASK)
+  enc = codec.encode(layout.group(x_bits), fmt, layout.reduce_axes, rounding=rounding,
+                     scale_mode=scale_mode, random_bits=rbits_g, tensor_amax_bits=amax_bits)
+  return layout, enc
+
+
+def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mode: str | None = None,
+             key=None, tensor_amax=None, impl: str = "auto") -> QArray:
+  """Quantizes `x` to `fmt` (a preset name or QuantFormat); see docs/quant.md for every rule.
+
+  Args:
+    x: float array (bf16, fp16, fp32).
+    fmt: format name (`FORMAT_NAMES`) or `QuantFormat`.
+    axis: the blocked axis (ignored by per-tensor formats; tiles use the last two axes).
+    rounding: one of `ROUNDING_MODES`; "stochastic" needs `key`.
+    scale_mode: e8m0 scale rule: "floor" (default), "ceil", "even" or "rceil".
+    key: jax.random key for stochastic rounding.
+    tensor_amax: NVFP4 only: the tensor amax to use instead of max |x| over finite values.
+    impl: "auto" (the Pallas kernel on a single GPU when it handles fmt, else XLA), "xla" or
+      "pallas" (the kernel; interpret mode off GPU). All give the same bits (docs/pallas.md).
+
+  Returns:
+    A QArray.
+  """
+  _check_impl(impl)
+  x = _check_input(x)
+  fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
+  backend = _kernel_backend(impl, fmt)
+  if backend is not None:
+    return backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
+                            tensor_amax=tensor_amax)
+  rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
+  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax)
+  codes = layout.ungroup(enc.codes).astype(jnp.uint8)
+  if fmt.element.is_packed:
+    codes = pack_fp4(codes, axis=layout.axis)
+  scales = layout.scales_out(enc.scales)
+  scales = fb.from_bits(scales) if fmt.scale == "fp32" else scales.astype(jnp.uint8)
+  tensor_scale = None if enc.tensor_amax_bits is None else fb.from_bits(enc.tensor_amax_bits)
+  zeros = None if enc.zeros is None else layout.scales_out(enc.zeros)
+  return QArray(codes=codes, scales=scales, tensor_scale=tensor_scale, zeros=zeros, fmt=fmt,
+                shape=tuple(x.shape), axis=layout.axis, dtype=x.dtype)
+
+
+def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array:
+  """The values of a QArray (exact in float32, then cast to `dtype`), in the original shape.
+
+  `impl` as in `quantize`.
+  """
+  _check_impl(impl)
+  if not isinstance(q, QArray):
+    raise TypeError(f"dequantize needs a QArray (from quantize), got {type(q).__name__}.")
+  backend = _kernel_backend(impl, q.fmt)
+  if backend is not None:
+    return backend.dequantize(q, dtype)
+  layout = q.layout
+  codes = q.codes
+  if q.fmt.element.is_packed:
+    codes = unpack_fp4(codes, q.shape[layout.axis] if q.shape else 1, axis=layout.axis)
+  scales = q.scales
+  scales = fb.to_bits(scales) if q.fmt.scale == "fp32" else scales.astype(jnp.uint32)
+  amax_bits = None if q.tensor_scale is None else fb.to_bits(q.tensor_scale)
+  zeros = None if q.zeros is None else layout.scales_in(q.zeros)
+  out = codec.decode(layout.group(codes.astype(jnp.uint32)), layout.scales_in(scales), q.fmt,
+                     tensor_amax_bits=amax_bits, zeros=zeros)
+  return fb.from_bits(layout.ungroup(out)).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode):
+  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax)
+  out = codec.decode(enc.codes, enc.scales, fmt, tensor_amax_bits=enc.tensor_amax_bits,
+                     zeros=enc.zeros)
+  return fb.from_bits(layout.ungroup(out)).astype(x.dtype)
+
+
+def _fake_quant_fwd(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode):
+  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode), None
+
+
+def _fake_quant_bwd(fmt, axis, rounding, scale_mode, _, g):
+  del fmt, axis, rounding, scale_mode
+  return g, None, None  # straight-through estimator
+
+
+_fake_quant.defvjp(_fake_quant_fwd, _fake_quant_bwd)
+
+
+def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
+               scale_mode: str | None = None, key=None, tensor_amax=None,
+               impl: str = "auto") -> jax.Array:
+  """dequantize(quantize(x, ...)) in x's dtype, with an identity (straight-through) gradient.
+
+  Takes the same arguments as `quantize` (`impl` included); skips the nibble packing.
+  """
+  _check_impl(impl)
+  x = _check_input(x)
+  fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
+  backend = _kernel_backend(impl, fmt)
+  if backend is not None:
+    return backend.fake_quant(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode,
+                              key=key, tensor_amax=tensor_amax)
+  rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
+  if tensor_amax is not None:
+    tensor_amax = jax.lax.stop_gradient(jnp.asarray(tensor_amax, jnp.float32))
+  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode)
+
+
+def random_bits(key, shape) -> jax.Array:
+  """The uint32 bits stochastic rounding uses for an array of `shape` (see lpjax.quant._rng)."""
+  return _random_bits(key, shape)
+

@@ -1,0 +1,131 @@
+"""The train state and the jitted train and eval steps, for any `lpjax.train._tasks.Task`.
+
+One train step: forward and backward through the quantized GEMMs of the active recipe (SR keys
+derived from (seed, step)) of the step's QuantPolicy, optional dynamic loss scaling, a skipped update when the loss or a
+gradient is non-finite, then the optax update. The state is a plain pytree, so orbax saves it
+and NamedSharding places it.
+
+Examples:
+  >>> import jax, jax.numpy as jnp, optax
+  >>> def loss_fn(params, model_state, batch, key, policy):
+  ...   return jnp.mean((batch["x"] * params["w"] - batch["y"]) ** 2), (model_state, {})
+  >>> step = make_train_step(loss_fn, optax.sgd(0.1))
+  >>> state = init_state({"w": jnp.array(0.0)}, None, optax.sgd(0.1))
+  >>> batch = {"x": jnp.ones(4), "y": jnp.full(4, 2.0)}
+  >>> state, metrics = step(state, batch, jax.random.key(0), policy=None)
+  >>> round(float(state.params["w"]), 6), float(metrics["loss"]), int(state.step)  # w += 0.1*2*2
+  (0.4, 4.0, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lpjax import optim
+from lpjax.nn import constrain
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+  step: jax.Array  # int32: optimizer steps taken
+  params: Any  # model parameters (an nnx.State)
+  model_state: Any  # non-trained model variables (BatchNorm statistics), or None
+  opt_state: Any  # optax state
+  loss_scale: Any  # optim.DynamicLossScale, or None
+  skipped: jax.Array  # int32: updates skipped for non-finite loss or gradients, in total
+  consecutive_skips: jax.Array  # int32: ... in a row, up to now
+
+
+def init_state(params, model_state, tx: optax.GradientTransformation, *,
+               loss_scale: bool = False) -> TrainState:
+  """A fresh TrainState at step 0."""
+  zero = jnp.zeros([], jnp.int32)
+  return TrainState(step=zero, params=params, model_state=model_state, opt_state=tx.init(params),
+                    loss_scale=optim.DynamicLossScale() if loss_scale else None, skipped=zero,
+                    consecutive_skips=zero)
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
+                    nan_only_quantized: bool = False, grad_accum_steps: int = 1,
+                    low_precision_policy=None):
+  """train_step(state, batch, key, policy) -> (state, metrics); `policy` is static.
+
+  loss_fn(params, model_state, batch, key, policy) -> (loss, (model_state, {name: scalar})), as
+  `Task.loss`. With grad_accum_steps = k > 1 the batch is split into k microbatches (rows i,
+  i + k, ... form microbatch i, so a batch sharded by rows stays local), their gradients are
+  averaged, and the optimizer steps once: the same update as one big batch, with about 1/k of the
+  activation memory (model_state, e.g. BatchNorm statistics, is threaded through the microbatches).
+  A non-finite loss or gradient skips the update: params, optimizer and model state are kept.
+  `nan_at_step` injects a NaN loss at that step (with `nan_only_quantized`, only while the run's
+  own policy runs: `policy` None or `low_precision_policy`, not a high-precision fallback).
+  """
+
+  def grads_of(params, model_state, batch, step_key, step, loss_scale, policy):
+    def scaled_loss(params):
+      loss, (new_model_state, aux) = loss_fn(params, model_state, batch, step_key, policy)
+      loss = loss.astype(jnp.float32)
+      quantized = policy is None or policy == low_precision_policy
+      inject = nan_at_step >= 0 and not (nan_only_quantized and not quantized)
+      if inject:  # debug: a non-finite loss at one step (reliability tests)
+        loss = jnp.where(step == nan_at_step, jnp.nan, loss)
+      scaled = loss_scale.scale(loss) if loss_scale is not None else loss
+      return scaled, (loss, new_model_state, aux)
+
+    (_, (loss, new_model_state, aux)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
+    return loss, new_model_state, aux, grads
+
+  def train_step(state: TrainState, batch, key, policy):
+    step_key = jax.random.fold_in(key, state.step)
+    if grad_accum_steps == 1:
+      loss, model_state, aux, grads = grads_of(state.params, state.model_state, batch, step_key,
+                                               state.step, state.loss_scale, policy)
+    else:
+      k = grad_accum_steps
+      # microbatch i = rows i, i + k, ...: each device keeps its rows (hinted for XLA)
+      micro = jax.tree.map(
+          lambda a: constrain(jnp.swapaxes(a.reshape((a.shape[0] // k, k) + a.shape[1:]), 0, 1),
+                              (None, "batch") + (None,) * (a.ndim - 1)), batch)
+
+      def body(carry, inputs):
+        i, mb = inputs
+        total_loss, total_grads, model_state = carry
+        loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
+                                                 jax.random.fold_in(step_key, i), state.step,
+                                                 state.loss_scale, policy)
+        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads), model_state), aux
+
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      (loss, grads, model_state), aux = jax.lax.scan(
+          body, (jnp.zeros([], jnp.float32), zeros, state.model_state), (jnp.arange(k), micro))
+      loss = loss / k
+      aux = jax.tree.map(lambda a: jnp.mean(a, axis=0), aux)
+      grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grads, state.params)
+    loss_scale = state.loss_scale
+    if loss_scale is not None:
+      grads = loss_scale.unscale(grads)
+    finite = optim.all_finite(grads) & jnp.isfinite(loss)
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    if loss_scale is not None:
+      loss_scale = loss_scale.adjust(finite)
+    new_state = TrainState(
+        step=state.step + 1,
+        params=keep(new_params, state.params),
+        model_state=keep(model_state, state.model_state),
+        opt_state=keep(new_opt_state, state.opt_state),
+        loss_scale=loss_scale,
+        skipped=state.skipped + (~finite).astype(jnp.int32),
+        consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32))
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite, **aux}
+    if loss_scale is not None:
+      metrics["loss_scale"] = loss_scale.loss_scale
+    return new_state, metrics
+
+  return train_step

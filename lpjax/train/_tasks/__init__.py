@@ -1,0 +1,30 @@
+"""Tasks the trainer runs: `make_task(config)` by `config.task`.
+
+Examples:
+  >>> TASKS
+  ('lm', 'classification', 'diffusion')
+"""
+
+from __future__ import annotations
+
+from lpjax.train._tasks.base import Task
+
+from lpjax.train.config import TASKS
+
+
+def make_task(config, policy=None) -> Task:
+  """The Task of a validated config; `policy` is the run's QuantPolicy (None: built from the
+  config by lpjax.train._precision.build_policy)."""
+  if config.task == "lm":
+    from lpjax.train._tasks.lm import LanguageModelTask
+    return LanguageModelTask(config, policy)
+  if config.task == "classification":
+    from lpjax.train._tasks.classification import ClassificationTask
+    return ClassificationTask(config, policy)
+  if config.task == "diffusion":
+    from lpjax.train._tasks.diffusion import DiffusionTask
+    return DiffusionTask(config, policy)
+  raise ValueError(f"Unknown task {config.task!r}; valid: {', '.join(TASKS)}.")
+
+
+__all__ = ["TASKS", "Task", "make_task"]

@@ -1,0 +1,72 @@
+"""What the trainer needs from a model family: the `Task` interface.
+
+A task owns its data and its model. The trainer owns everything else (mesh, sharding, optimizer,
+loss scaling, non-finite skips, checkpoints, metrics), so the LLaMA, ResNet and U-Net runs share
+one train step, one checkpoint format and one reliability story.
+
+Examples:
+  >>> sorted(Task.__abstractmethods__)
+  ['batches', 'eval_batches', 'eval_summary', 'eval_sums', 'init_variables', 'loss', 'units_in']
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Iterable, Iterator
+
+
+class Task(abc.ABC):
+  """A model family + its data. Subclasses set the attributes below in __init__(config, policy)."""
+
+  name: str = ""  # "lm" | "classification" | "diffusion"
+  partition_rules: tuple = ()  # (regex over param paths, logical axes): see train/sharding.py
+  unit: str = "examples"  # what train/<unit>_per_second counts ("tokens", "images")
+  policy = None  # the run's QuantPolicy (lpjax.train._precision.build_policy), the model's default
+
+  def _set_policy(self, config, policy):
+    from lpjax.train._precision import build_policy
+
+    self.policy = policy if policy is not None else build_policy(config)
+
+  @abc.abstractmethod
+  def init_variables(self, key) -> tuple[Any, Any]:
+    """(params, model_state); model_state is None or a pytree (e.g. BatchNorm statistics)."""
+
+  @abc.abstractmethod
+  def loss(self, params, model_state, batch: dict, key, policy) -> tuple[Any, tuple[Any, dict]]:
+    """(scalar float32 loss, (new model_state, {name: scalar})) of one (micro)batch; jittable.
+
+    `policy` is the static QuantPolicy of this step (None: the one the model was built with,
+    `self.policy`; the precision schedule hands others in).
+    """
+
+  @abc.abstractmethod
+  def batches(self, start_step: int, num_steps: int, process_index: int,
+              process_count: int) -> Iterator[tuple[int, dict]]:
+    """(step, this process's rows of the global batch) for steps start_step, start_step + 1, ...;
+    a pure function of (config.seed, step), so a resumed run sees the batches it would have seen."""
+
+  @abc.abstractmethod
+  def units_in(self, local_batch: dict) -> int:
+    """How many units (tokens, images) the global batch of this local batch holds."""
+
+  @abc.abstractmethod
+  def eval_batches(self, process_index: int, process_count: int) -> Iterable[dict]:
+    """The evaluation batches (this process's rows), the same at every evaluation."""
+
+  @abc.abstractmethod
+  def eval_sums(self, params, model_state, batch: dict, policy) -> dict:
+    """{name: scalar sum over the batch}; summed over batches, then `eval_summary`; jittable."""
+
+  @abc.abstractmethod
+  def eval_summary(self, sums: dict) -> dict:
+    """{metric: float} from the summed `eval_sums`; must include "loss"."""
+
+  def after_eval(self, params, model_state, step: int, workdir: str, is_main: bool) -> dict:
+    """Extra evaluation outside the jitted sums (e.g. sample grids, FID); {metric: float}."""
+    del params, model_state, step, workdir, is_main
+    return {}
+
+  def describe(self) -> dict:
+    """Fields for results.json that identify the run (model, data)."""
+    return {}

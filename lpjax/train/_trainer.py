@@ -1,0 +1,345 @@
+"""train_and_evaluate(config, workdir): the training program behind train.py.
+
+Builds the mesh, the task (data + model: LLaMA, ResNet or U-Net), the optimizer and the train
+state (placed with NamedSharding), resumes from the newest complete checkpoint in the workdir,
+trains with periodic evaluation (with the training quantization and with quantization off) and
+checkpoints, and writes <workdir>/results.json, metrics.jsonl and TensorBoard event files.
+
+Faults (docs/reliability.md): a non-finite loss or gradient skips the update; after
+`max_consecutive_skips` skips in a row the run rolls back to the last checkpoint with the
+high-precision recipe (`rollback_on_skips`) or stops with an error naming that checkpoint.
+SIGTERM / SIGINT (preemption) write a checkpoint at the end of the current step and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+
+from lpjax.nn import activation_sharding
+from lpjax.train import config as cfg_lib
+from lpjax.train import _sharding as shd
+from lpjax.train._checkpoint import Checkpointer
+from lpjax.train._metrics import MetricWriter, Progress
+from lpjax.train._optimizers import make_optimizer
+from lpjax.train._precision import PrecisionController
+from lpjax.train._step import TrainState, init_state, make_train_step
+from lpjax.train._tasks import make_task
+
+FP_RECIPE = "fp32"  # evaluation with quantization off
+log = logging.getLogger("lpjax.train")
+
+
+class TrainingError(RuntimeError):
+  """Training cannot continue (e.g. too many non-finite steps in a row)."""
+
+
+def _maybe_initialize_distributed(config):
+  d = config.distributed
+  if not d.initialize:
+    return
+  kwargs = {}
+  if d.coordinator_address:
+    kwargs["coordinator_address"] = d.coordinator_address
+  if d.num_processes > 0:
+    kwargs["num_processes"] = d.num_processes
+  if d.process_id >= 0:
+    kwargs["process_id"] = d.process_id
+  jax.distributed.initialize(**kwargs)
+
+
+def _global_batch(local_batch: dict, sharding) -> dict:
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in local_batch.items()}
+
+
+class _StopSignals:
+  """Turns SIGTERM / SIGINT into a flag the loop checks after each step (main thread only)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.received is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop now
+      raise KeyboardInterrupt
+    self.received = signum
+    log.warning("Received %s: checkpointing after this step, then exiting.",
+                signal.Signals(signum).name)
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False
+
+
+class Trainer:
+  """The pieces of one run; `run()` trains. Notebooks can use the pieces directly."""
+
+  def __init__(self, config, workdir: str, *, devices=None):
+    _maybe_initialize_distributed(config)
+    devices = list(devices) if devices is not None else jax.devices()
+    self.config = config = cfg_lib.validate(config, len(devices), jax.process_count())
+    self.workdir = os.path.abspath(workdir)
+    self.is_main = jax.process_index() == 0
+    os.makedirs(self.workdir, exist_ok=True)
+    self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+    self.precision = PrecisionController(config)  # builds the run's QuantPolicy, once
+    self.task = make_task(config, self.precision.policy)
+    self.tx = make_optimizer(config)
+    self.batch_sharding = shd.batch_sharding(self.mesh)
+    self._train_step = make_train_step(self.task.loss, self.tx, nan_at_step=config.debug.nan_at_step,
+                                       nan_only_quantized=config.debug.nan_only_quantized,
+                                       low_precision_policy=self.precision.policy,
+                                       grad_accum_steps=config.grad_accum_steps)
+    self._compiled = {}
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                     keep=config.keep_checkpoints)
+    self.stop_signal = None  # the signal number that stopped the last run(), if any
+
+  # --- state ----------------------------------------------------------------------------------
+
+  def init_state(self) -> TrainState:
+    def init(key):
+      params, model_state = self.task.init_variables(key)
+      return init_state(params, model_state, self.tx, loss_scale=self.config.quant.loss_scale)
+
+    key = jax.random.key(self.config.seed)
+    abstract = jax.eval_shape(init, key)
+    return jax.jit(init, out_shardings=self.state_shardings(abstract))(key)
+
+  def state_shardings(self, abstract_state):
+    """Params by the partition rules; optimizer moments like the params they mirror."""
+    return shd.tree_shardings(abstract_state, self.mesh, self.task.partition_rules)
+
+  def restore_or_init(self):
+    state = self.init_state()
+    step, restored, meta = self.checkpointer.restore_latest(state)
+    if step is None:
+      return state, {}
+    log.info("Resumed from %s at step %d.", self.checkpointer.directory, step)
+    return restored, meta or {}
+
+  # --- steps ----------------------------------------------------------------------------------
+
+  def activation_hints(self):
+    """The context the steps are traced in: the model's activation hints map onto the mesh."""
+    return activation_sharding(shd.activation_resolver(self.mesh))
+
+  def train_step(self, policy=None):
+    """The jitted train step of `policy` (a QuantPolicy; None: the run's own), compiled once."""
+    policy = self.precision.policy if policy is None else policy
+    if ("train", policy) not in self._compiled:
+      log.info("Compiling the train step for recipe %s.", policy.recipe)
+
+      def step(state, batch, key):
+        with self.activation_hints():
+          return self._train_step(state, batch, key, policy)
+      self._compiled[("train", policy)] = jax.jit(step, donate_argnums=(0,))
+    return self._compiled[("train", policy)]
+
+  def eval_step(self, policy=None):
+    policy = self.precision.policy if policy is None else policy
+    if ("eval", policy) not in self._compiled:
+      def sums(params, model_state, batch):
+        with self.activation_hints():
+          return self.task.eval_sums(params, model_state, batch, policy)
+      self._compiled[("eval", policy)] = jax.jit(sums)
+    return self._compiled[("eval", policy)]
+
+  def evaluate(self, params, model_state, policy=None) -> dict:
+    """{metric: value} of the task's evaluation with `policy` (None: the run's own)."""
+    totals = {}
+    for local in self.task.eval_batches(jax.process_index(), jax.process_count()):
+      sums = self.eval_step(policy)(params, model_state, _global_batch(local, self.batch_sharding))
+      for k, v in jax.device_get(sums).items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    return self.task.eval_summary(totals)
+
+  # --- the loop -------------------------------------------------------------------------------
+
+  def run(self, *, stop_after: int | None = None) -> dict:
+    """Trains to config.steps (or stops after `stop_after` steps, checkpointing there).
+
+    Returns the results (also written to results.json); a run stopped early by `stop_after` or by
+    SIGTERM / SIGINT returns {"steps", "stopped": True} after checkpointing.
+    """
+    c = self.config
+    start_time = time.time()
+    state, meta = self.restore_or_init()
+    self.precision.load(meta.get("precision", {}))
+    rollbacks = int(meta.get("rollbacks", 0))
+    writer = MetricWriter(self.workdir, enabled=self.is_main, resume_step=int(state.step))
+    if self.is_main:
+      with open(os.path.join(self.workdir, "config.json"), "w") as f:
+        f.write(c.to_json_best_effort(indent=2))
+    end_step = min(c.steps, stop_after) if stop_after else c.steps
+    units = int(meta.get("units", 0))
+    last_loss, eval_metrics = float("nan"), {}
+    try:
+      with _StopSignals() as signals:
+        while True:
+          try:
+            state, units, last_loss, eval_metrics = self._train_until(
+                state, end_step, units, rollbacks, writer, signals)
+            break
+          except _Rollback as rb:
+            rollbacks += 1
+            state, units = rb.state, rb.units
+        self.stop_signal = signals.received
+    finally:
+      self.checkpointer.wait()
+    self.final_state = state
+    if int(state.step) < c.steps:
+      self.checkpointer.close()
+      writer.close()
+      return {"steps": int(state.step), "stopped": True, "signal": self.stop_signal}
+    if not eval_metrics or eval_metrics.get("step") != int(state.step):
+      eval_metrics = self._eval_and_log(state, int(state.step), writer)
+    self.checkpointer.close()
+    writer.close()
+    results = {"steps": int(state.step), self.task.unit: int(units),
+               "final_train_loss": last_loss}
+    for k, v in eval_metrics.items():
+      if k != "step":
+        results["final_" + k.replace("/", "_")] = v
+    results.update(skipped_steps=int(state.skipped), rollbacks=rollbacks,
+                   wall_time_s=time.time() - start_time, task=c.task, recipe=c.quant.recipe,
+                   optimizer=c.optimizer.name, **self.task.describe())
+    if self.is_main:
+      tmp = os.path.join(self.workdir, "results.json.tmp")
+      with open(tmp, "w") as f:
+        json.dump(results, f, indent=2)
+      os.replace(tmp, os.path.join(self.workdir, "results.json"))
+    return results
+
+  def _meta(self, units, rollbacks):
+    return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks}
+
+  def _train_until(self, state, end_step, units, rollbacks, writer, signals):
+    """Steps to end_step; returns (state, units, last logged loss, last eval metrics)."""
+    c = self.config
+    start_step = int(state.step)
+    progress = Progress(start_step, c.steps, 0, c.progress_bar and self.is_main,
+                        unit=self.task.unit[:3])
+    batches = self.task.batches(start_step, end_step - start_step, jax.process_index(),
+                                jax.process_count())
+    key = jax.random.key(c.seed + 1)
+    last_loss, eval_metrics, skipped_logged = float("nan"), {}, int(state.skipped)
+    units_at_log = units
+    for step, local in batches:
+      policy = self.precision.policy_at(step)
+      state, metrics = self.train_step(policy)(state, _global_batch(local, self.batch_sharding), key)
+      units += self.task.units_in(local)
+      done = step + 1
+      if done % c.log_every == 0 or done == end_step or signals.received:
+        m = jax.device_get(metrics)
+        last_loss = float(m["loss"])
+        self.precision.observe(step, last_loss)
+        progress.units_per_step = (units - units_at_log) / max(done - progress.last_step, 1)
+        units_at_log = units
+        per_second = progress.update(done, last_loss)
+        skipped = int(state.skipped)
+        scalars = {"train/loss": last_loss, "train/grad_norm": float(m["grad_norm"]),
+                   f"train/{self.task.unit}_per_second": per_second, "train/skipped": skipped,
+                   "train/recipe_is_quantized": float(self.precision.is_low_precision(policy))}
+        scalars.update({f"train/{k}": float(v) for k, v in m.items()
+                        if k not in ("loss", "grad_norm", "finite")})
+        writer.write(done, scalars)
+        if skipped > skipped_logged:
+          log.warning("step %d: %d update(s) skipped for a non-finite loss or gradient (%d in "
+                      "total).", done, skipped - skipped_logged, skipped)
+          skipped_logged = skipped
+        if int(state.consecutive_skips) >= c.max_consecutive_skips:
+          progress.close()
+          self._too_many_skips(state, done, rollbacks, writer)  # raises _Rollback or TrainingError
+      if c.eval_every and done % c.eval_every == 0 and done != c.steps:
+        eval_metrics = self._eval_and_log(state, done, writer)
+        progress.restart_clock()
+      if ((c.checkpoint_every and done % c.checkpoint_every == 0) or done == end_step
+          or signals.received):
+        self.checkpointer.save(done, state, self._meta(units, rollbacks))
+      if signals.received:
+        log.warning("Stopped by %s at step %d; the checkpoint resumes from there.",
+                    signal.Signals(signals.received).name, done)
+        break
+    progress.close()
+    return state, units, last_loss, eval_metrics
+
+  def _too_many_skips(self, state, done, rollbacks, writer):
+    c = self.config
+    self.checkpointer.wait()
+    last_good = self.checkpointer.latest_step()
+    if c.rollback_on_skips and rollbacks < c.max_rollbacks and last_good is not None:
+      template = self.init_state()
+      step, restored, meta = self.checkpointer.restore_latest(template)
+      self.precision.load(meta.get("precision", {}))
+      self.precision.force_fallback(step)
+      log.warning("%d non-finite steps in a row at step %d: rolled back to the checkpoint of step "
+                  "%d; the next %d steps use %s (rollback %d of at most %d).",
+                  int(state.consecutive_skips), done, step, c.quant.fallback_steps,
+                  c.quant.high_precision_recipe, rollbacks + 1, c.max_rollbacks)
+      writer.write(done, {"event/rollback_to_step": step})  # steps after it are logged again
+      raise _Rollback(restored, int(meta.get("units", 0)))
+    where = (f"step {last_good} in {self.checkpointer.directory}" if last_good is not None
+             else "none (no checkpoint was written yet)")
+    raise TrainingError(
+        f"{int(state.consecutive_skips)} non-finite steps in a row at step {done}; the last good "
+        f"checkpoint is {where}. Lower optimizer.lr, set quant.loss_scale=True, use "
+        "quant.fallback_factor, or rollback_on_skips=True to restart from it in "
+        "quant.high_precision_recipe.")
+
+  def _eval_and_log(self, state, step, writer) -> dict:
+    quantized = self.evaluate(state.params, state.model_state, None)
+    full = self.evaluate(state.params, state.model_state,
+                         self.precision.policy.with_recipe(FP_RECIPE))
+    metrics = {f"eval/{k}": v for k, v in quantized.items()}
+    metrics.update({f"eval/{k}_fp": v for k, v in full.items()})
+    metrics.update({f"eval/{k}": v for k, v in self.task.after_eval(
+        state.params, state.model_state, step, self.workdir, self.is_main).items()})
+    writer.write(step, metrics)
+    log.info("step %d: eval %s", step, ", ".join(f"{k[5:]} {v:.4g}" for k, v in metrics.items()))
+    return {"step": step, **metrics}
+
+
+class _Rollback(Exception):
+  def __init__(self, state, units):
+    super().__init__("rollback")
+    self.state, self.units = state, units
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns results.json."""
+  return Trainer(config, workdir).run()
+
+
+def setup_logging():
+  """lpjax's INFO lines on stderr; other libraries (orbax, absl) at WARNING."""
+  try:
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  except ImportError:
+    pass
+  logger = logging.getLogger("lpjax")
+  if not logger.handlers:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False
