@@ -109,9 +109,11 @@ class Trainer:
                                        low_precision_policy=self.precision.policy,
                                        grad_accum_steps=config.grad_accum_steps)
     self._compiled = {}
+    self._runners = {}  # (policy, batch shapes) -> the compiled train step
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                      keep=config.keep_checkpoints)
     self.stop_signal = None  # the signal number that stopped the last run(), if any
+    self.compile_seconds = 0.0  # time spent compiling train steps in this process
 
   # --- state ----------------------------------------------------------------------------------
 
@@ -146,8 +148,6 @@ class Trainer:
     """The jitted train step of `policy` (a QuantPolicy; None: the run's own), compiled once."""
     policy = self.precision.policy if policy is None else policy
     if ("train", policy) not in self._compiled:
-      log.info("Compiling the train step for recipe %s.", policy.recipe)
-
       def step(state, batch, key):
         with self.activation_hints():
           return self._train_step(state, batch, key, policy)
@@ -162,6 +162,34 @@ class Trainer:
           return self.task.eval_sums(params, model_state, batch, policy)
       self._compiled[("eval", policy)] = jax.jit(sums)
     return self._compiled[("eval", policy)]
+
+  def compiled_train_step(self, policy, state, batch, key):
+    """The train step of `policy` compiled for these shapes: compiled once ahead of time, with
+    the compile time logged ("compiled in N s"), then reused for every step of the same shapes.
+
+    Should a later call come with other input shardings than the compiled ones (the executable
+    checks before it runs, so nothing is donated), the entry falls back to the jitted step."""
+    shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch)
+    cache_key = (policy, str(shapes))
+    if cache_key not in self._runners:
+      log.info("Compiling the train step for recipe %s.", policy.recipe)
+      start = time.perf_counter()
+      executable = self.train_step(policy).lower(state, batch, key).compile()
+      seconds = time.perf_counter() - start
+      log.info("Train step for recipe %s compiled in %.1f s.", policy.recipe, seconds)
+      self.compile_seconds += seconds
+      jitted, fell_back = self.train_step(policy), []
+
+      def run(state, batch, key):
+        if not fell_back:
+          try:
+            return executable(state, batch, key)
+          except ValueError as e:  # input shardings differ from the compiled ones
+            log.info("Train step inputs changed sharding (%s); using the jitted step.", e)
+            fell_back.append(True)
+        return jitted(state, batch, key)
+      self._runners[cache_key] = run
+    return self._runners[cache_key]
 
   def evaluate(self, params, model_state, policy=None) -> dict:
     """{metric: value} of the task's evaluation with `policy` (None: the run's own)."""
@@ -220,7 +248,8 @@ class Trainer:
       if k != "step":
         results["final_" + k.replace("/", "_")] = v
     results.update(skipped_steps=int(state.skipped), rollbacks=rollbacks,
-                   wall_time_s=time.time() - start_time, task=c.task, recipe=c.quant.recipe,
+                   wall_time_s=time.time() - start_time,
+                   compile_time_s=round(self.compile_seconds, 2), task=c.task, recipe=c.quant.recipe,
                    optimizer=c.optimizer.name, **self.task.describe())
     if self.is_main:
       tmp = os.path.join(self.workdir, "results.json.tmp")
@@ -245,7 +274,8 @@ class Trainer:
     units_at_log = units
     for step, local in batches:
       policy = self.precision.policy_at(step)
-      state, metrics = self.train_step(policy)(state, _global_batch(local, self.batch_sharding), key)
+      batch = _global_batch(local, self.batch_sharding)
+      state, metrics = self.compiled_train_step(policy, state, batch, key)(state, batch, key)
       units += self.task.units_in(local)
       done = step + 1
       if done % c.log_every == 0 or done == end_step or signals.received:

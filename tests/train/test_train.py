@@ -140,3 +140,12 @@ def test_distributed_initialize_gets_the_configured_arguments(monkeypatch, tmp_p
   calls.clear()
   Trainer(small(), str(tmp_path / "off"))
   assert calls == []
+
+
+def test_compile_time_is_logged_and_reported(tmp_path, caplog):
+  with caplog.at_level("INFO", logger="lpjax.train"):
+    results = Trainer(small("bf16", steps=2), str(tmp_path)).run()
+  lines = [r.getMessage() for r in caplog.records if "compiled in" in r.getMessage()]
+  assert len(lines) == 1 and lines[0].startswith("Train step for recipe bf16 compiled in ")
+  seconds = float(lines[0].split("compiled in ")[1].split(" s")[0])
+  assert results["compile_time_s"] == pytest.approx(seconds, abs=0.06) and seconds > 0
