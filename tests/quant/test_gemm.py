@@ -324,7 +324,11 @@ def test_sharded_dot_general_equals_single_device():
   assert len(dx8.sharding.device_set) == 8
   with jax.default_device(jax.devices()[0]):
     (l1, (dx1, dw1)) = f(jax.device_put(x, jax.devices()[0]), jax.device_put(w, jax.devices()[0]))
-  np.testing.assert_allclose(float(l8), float(l1), rtol=1e-6)
+  # The loss sums 2048 terms of |sin| <= 1 in a per-device order: float32 round-off of that sum
+  # (~2048 x 2^-24 ~ 1e-4) is far below the O(1) change that other RHT signs or SR bits make.
+  # (rtol=1e-6 on this cancelling sum failed by 1.6e-6, on the commit before too.) dX below
+  # pins the bits exactly.
+  np.testing.assert_allclose(float(l8), float(l1), rtol=0, atol=2e-4)
   np.testing.assert_array_equal(np.asarray(dx8), np.asarray(dx1))  # no cross-device reduction
   np.testing.assert_allclose(np.asarray(dw8), np.asarray(dw1), rtol=1e-5, atol=1e-6)  # sum over M
 
