@@ -40,7 +40,8 @@ from lpjax.quant._tables import decode_table
 # Quantized GEMMs / convolutions, recipes and per-layer policies (docs/gemm.md).
 from lpjax.quant import recipes
 from lpjax.quant._conv import conv_general_dilated, conv_operand_stats
-from lpjax.quant._gemm import dot_general, einsum, einsum_operand_stats, operand_stats
+from lpjax.quant._einsum import einsum, einsum_operand_stats
+from lpjax.quant._gemm import dot_general, operand_stats
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 from lpjax.quant._operand import fake_quant_operand
 from lpjax.quant._policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str

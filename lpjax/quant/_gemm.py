@@ -16,7 +16,8 @@ recipe's `compute_dtype` and multiplied with float32 accumulation.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from lpjax.quant._gemm import dot_general, einsum
+  >>> from lpjax.quant._einsum import einsum
+  >>> from lpjax.quant._gemm import dot_general
   >>> x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   >>> w = jax.random.normal(jax.random.key(1), (64, 32))
   >>> y = jax.jit(lambda x, w: dot_general(x, w, (((2,), (0,)), ((), ())), "mxfp4_naive"))(x, w)
@@ -321,88 +322,3 @@ def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):
       out[name] = opq.stats(x, op, axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs,
                             block=block)
   return out
-
-
-# --- einsum ---------------------------------------------------------------------------------------
-
-
-def parse_einsum(subscripts: str, lhs_ndim: int, rhs_ndim: int):
-  spec = subscripts.replace(" ", "")
-  if "->" in spec:
-    ins, out = spec.split("->")
-  else:
-    ins, out = spec, None
-  terms = ins.split(",")
-  if len(terms) != 2:
-    raise ValueError(f"einsum {subscripts!r}: exactly two operands are supported.")
-  used = set(c for c in spec if c.isalpha())
-  spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used)
-  ell = None
-  for i, (t, nd) in enumerate(zip(terms, (lhs_ndim, rhs_ndim))):
-    if "..." in t:
-      n = nd - (len(t) - 3)
-      if ell is None:
-        ell = "".join(next(spare) for _ in range(n))
-      elif len(ell) != n:
-        raise ValueError(f"einsum {subscripts!r}: '...' must cover the same number of axes in both operands.")
-      terms[i] = t.replace("...", ell)
-  if out is None:
-    counts = {c: (terms[0] + terms[1]).count(c) for c in terms[0] + terms[1]}
-    out = (ell or "") + "".join(sorted(c for c in counts if counts[c] == 1 and c not in (ell or "")))
-  elif "..." in out:
-    out = out.replace("...", ell or "")
-  a, b = terms
-  for t, nd in ((a, lhs_ndim), (b, rhs_ndim)):
-    if len(t) != nd:
-      raise ValueError(f"einsum {subscripts!r}: term {t!r} does not match an operand of rank {nd}.")
-    if len(set(t)) != len(t):
-      raise NotImplementedError(f"einsum {subscripts!r}: repeated indices within an operand (diagonals).")
-  return a, b, out
-
-
-def einsum(subscripts: str, *operands, recipe, key=None, preferred_element_type=None):
-  """Two-operand `jnp.einsum` through `dot_general` with `recipe` (the first operand is the lhs).
-
-  Indices in both operands and the output are batch dims, in both operands only contracted,
-  in one operand and the output free; an index in one operand only and not in the output is summed
-  first (in high precision). Supports '...' but not repeated indices within an operand.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> q, k = jnp.ones((2, 4, 8, 32)), jnp.ones((2, 4, 8, 32))
-    >>> jax.jit(lambda q, k: einsum("bhqd,bhkd->bhqk", q, k, recipe="mxfp4_naive"))(q, k).shape
-    (2, 4, 8, 8)
-  """
-  if len(operands) != 2:
-    raise ValueError(f"einsum takes exactly two operands, got {len(operands)}.")
-  lhs, rhs = (jnp.asarray(o) for o in operands)
-  a, b, out = parse_einsum(subscripts, lhs.ndim, rhs.ndim)
-  for t, other, x in ((a, b, "lhs"), (b, a, "rhs")):
-    lone = [c for c in t if c not in other and c not in out]
-    if lone:
-      arr = lhs if x == "lhs" else rhs
-      arr = jnp.sum(arr, axis=tuple(t.index(c) for c in lone))
-      t2 = "".join(c for c in t if c not in lone)
-      if x == "lhs":
-        lhs, a = arr, t2
-      else:
-        rhs, b = arr, t2
-  batch = [c for c in a if c in b and c in out]
-  contract = [c for c in a if c in b and c not in out]
-  dims = ((tuple(a.index(c) for c in contract), tuple(b.index(c) for c in contract)),
-          (tuple(a.index(c) for c in batch), tuple(b.index(c) for c in batch)))
-  y = dot_general(lhs, rhs, dims, recipe, key=key, preferred_element_type=preferred_element_type)
-  got = batch + [c for c in a if c not in b] + [c for c in b if c not in a]
-  if sorted(got) != sorted(out):
-    raise ValueError(f"einsum {subscripts!r}: output indices {out!r} do not match the operands.")
-  return jnp.transpose(y, tuple(got.index(c) for c in out)) if got != list(out) else y
-
-
-def einsum_operand_stats(subscripts: str, lhs, rhs, recipe, *, key=None):
-  """`operand_stats` of the forward GEMM of `einsum(subscripts, lhs, rhs, recipe=recipe)`."""
-  lhs_t, rhs_t, out_t = parse_einsum(subscripts, lhs.ndim, rhs.ndim)
-  contract = [c for c in lhs_t if c in rhs_t and c not in out_t]
-  batch = [c for c in lhs_t if c in rhs_t and c not in contract]
-  dn = ((tuple(lhs_t.index(c) for c in contract), tuple(rhs_t.index(c) for c in contract)),
-        (tuple(lhs_t.index(c) for c in batch), tuple(rhs_t.index(c) for c in batch)))
-  return operand_stats(lhs, rhs, dn, recipe, key=key)

@@ -22,7 +22,8 @@ import numpy_oracle as O  # noqa: E402
 
 from lpjax.quant import _operand as opq  # noqa: E402
 from lpjax.quant import recipes, _ssp as ssp  # noqa: E402
-from lpjax.quant._gemm import dot_general, einsum, operand_stats  # noqa: E402
+from lpjax.quant._einsum import einsum  # noqa: E402
+from lpjax.quant._gemm import dot_general, operand_stats  # noqa: E402
 from lpjax.quant._hadamard import hadamard, random_signs  # noqa: E402
 from lpjax.quant._quantize import random_bits  # noqa: E402
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant  # noqa: E402

@@ -223,7 +223,7 @@ def test_fixed_scale_exponent_validation(kwargs):
 def test_variants_train_through_a_quantized_gemm(spec):
   x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   w = jax.random.normal(jax.random.key(1), (64, 32)) * 0.5
-  from lpjax.quant._gemm import einsum
+  from lpjax.quant._einsum import einsum
 
   loss = lambda w: einsum("bsd,df->bsf", x, w, recipe=spec, key=jax.random.key(2)).sum()
   g = jax.jit(jax.grad(loss))(w)
