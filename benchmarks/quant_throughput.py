@@ -2,16 +2,19 @@
 
     python benchmarks/quant_throughput.py                 # 64M-element fp32 tensor, CPU
     python benchmarks/quant_throughput.py --elements 4194304 --repeats 5
+    python benchmarks/quant_throughput.py --reference     # also the integer reference path
 
 The copy baseline is a jitted elementwise negation of the same tensor (one read and one write of
 every byte), measured in the same process and interleaved with the quantizers. The table prints
-each kernel's GB/s and its ratio to the copy. Targets (issue 2, on a 2-core CPU): RTN fake_quant
->= 60% of copy bandwidth, SR fake_quant >= 30%.
+each kernel's GB/s and its ratio to the copy. Targets (issue 14, on a 2-core CPU): fake_quant
+RTN >= 0.6x the copy for mxfp4 and nvfp4, SR >= 0.4x, packed quantize >= 0.3x. `--reference`
+adds rows for `lpjax.quant.reference_arithmetic()` (same bits, integer arithmetic).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 
@@ -22,11 +25,19 @@ from lpjax import quant
 from timing import median_seconds  # benchmarks/timing.py
 
 
+def _compiled(fn, x, key, reference: bool):
+  """fn jitted and compiled now (the path is chosen when it is traced)."""
+  with quant.reference_arithmetic() if reference else contextlib.nullcontext():
+    return jax.jit(fn).lower(x, key).compile()
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--elements", type=int, default=64 * 2**20)
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--formats", default="mxfp4,nvfp4")
+  parser.add_argument("--reference", action="store_true",
+                      help="also time the integer reference path (quant.reference_arithmetic)")
   args = parser.parse_args()
 
   n = args.elements
@@ -39,10 +50,14 @@ def main():
     q_bytes = n * fmt.element.bits / 8 + n / fmt.block_size  # codes + one byte per block scale
     for rounding in ("nearest_even", "stochastic"):
       tag = "RTN" if rounding == "nearest_even" else "SR"
-      qfn = jax.jit(lambda x, k, f=name, r=rounding: quant.quantize(x, f, rounding=r, key=k))
-      ffn = jax.jit(lambda x, k, f=name, r=rounding: quant.fake_quant(x, f, rounding=r, key=k))
-      cases.append((f"quantize {name} {tag}", qfn, 4 * n + q_bytes))
-      cases.append((f"fake_quant {name} {tag}", ffn, 8 * n))
+      for reference in (False, True) if args.reference else (False,):
+        suffix = " (reference)" if reference else ""
+        qfn = _compiled(lambda x, k, f=name, r=rounding: quant.quantize(x, f, rounding=r, key=k),
+                        x, key, reference)
+        ffn = _compiled(lambda x, k, f=name, r=rounding: quant.fake_quant(x, f, rounding=r, key=k),
+                        x, key, reference)
+        cases.append((f"quantize {name} {tag}{suffix}", qfn, 4 * n + q_bytes))
+        cases.append((f"fake_quant {name} {tag}{suffix}", ffn, 8 * n))
 
   copy_times, times = [], {c[0]: [] for c in cases}
   for _ in range(args.repeats):  # interleave so drift hits every kernel alike

@@ -30,6 +30,7 @@ from lpjax.quant._formats import (
     QuantFormat,
     get_format,
 )
+from lpjax.quant._fast_codec import reference_arithmetic
 from lpjax.quant._hadamard import hadamard, hadamard_matrix, random_signs
 from lpjax.quant._packing import pack_fp4, unpack_fp4
 from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize, random_bits
@@ -57,7 +58,8 @@ __all__ = [
     "get_format",
     # quantizers
     "QArray", "decode_table", "dequantize", "fake_quant", "hadamard", "hadamard_matrix",
-    "pack_fp4", "quantize", "random_bits", "random_signs", "ssp_fake_quant", "unpack_fp4",
+    "pack_fp4", "quantize", "random_bits", "random_signs", "reference_arithmetic",
+    "ssp_fake_quant", "unpack_fp4",
     # GEMMs, recipes and policies
     "DEFAULT_HIGH_PRECISION", "GemmQuant", "GemmRecipe", "OperandQuant", "QuantPolicy",
     "RECIPE_NAMES", "REUSE_FWD", "conv_general_dilated", "conv_operand_stats", "dot_general",

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpjax.quant import _fast_codec as fast
+from lpjax.quant import _fast_scales as fast_scales
 from lpjax.quant import _formats as formats
 from lpjax.quant import _fp32_bits as fb
 from lpjax.quant import _scales as sc
@@ -41,7 +43,12 @@ def materialize(values, opaque_zero):
   one = U32(1) - opaque_zero.astype(U32)
   out = []
   for v in values:
-    out.append(v.astype(U32) // one)
+    if v.dtype == jnp.float32:
+      out.append(fb.from_bits(fb.to_bits(v) // one))
+    elif v.dtype == jnp.bool_:
+      out.append((v.astype(U32) // one) != 0)
+    else:
+      out.append(v.astype(U32) // one)
   return tuple(out)
 
 
@@ -51,6 +58,31 @@ class Encoded:
   scales: Any  # keepdims per-group: uint32 bytes (e8m0 / ue4m3) or float32 bits (fp32)
   tensor_amax_bits: Any = None  # NVFP4 amax_t (uint32 bits), else None
   zeros: Any = None  # uint4: float32 block minimum (keepdims), else None
+  values: Any = None  # fast path with want_values: float32 bits of the dequantized values
+
+
+def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, random_bits,
+                   opaque_zero, want_values, power_of_two=False):
+  """The fast element path (`_fast_codec`): (codes, dequantized value bits or None).
+
+  Bad groups (NaN / Inf) are masked with per-group AND / OR masks rather than a per-element
+  select, which LLVM turns into a branch that stops XLA:CPU's loop from vectorizing.
+  """
+  negative = (x_bits >> 31) != 0
+  keep = jnp.where(bad, U32(0), U32(0xFFFFFFFF))
+  nan = jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))
+  s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + (keep, nan), opaque_zero)
+  v = fast.scaled_magnitude(abs_bits, s, s_sub)
+  mag, value = fast.round_magnitude(v, element, rounding, negative=negative,
+                                    random_bits=random_bits, nonzero=abs_bits != 0)
+  codes = _with_sign(mag, negative, element) & keep
+  if not want_values:
+    return codes, None
+  m_c, shifted = materialize(fast.decode_factors(m_bits), opaque_zero)
+  out = fast.apply_multiplier(value, m_c, shifted, power_of_two=power_of_two)
+  out = out | (x_bits & U32(fb.SIGN_MASK))
+  out = (out & keep) | nan
+  return codes, out if power_of_two else fast.canonical_nan(out)  # 2**k * value is never NaN
 
 
 def _with_sign(mag, negative, element):
@@ -109,10 +141,25 @@ def _encode_uint4(x, reduce_axes, rounding, random_bits):
   return codes, fb.to_bits(jnp.float32(1.0) / enc), lo
 
 
+def _finite_tensor_amax(x_bits, block_amax):
+  """max |x| over the finite values: the max of the block amaxes, unless some block holds a NaN or
+  Inf; only then is x read again (a full reduction that skips non-finite values)."""
+  # The operand is x as float32 (the bitcasts cancel): a uint32 operand would be a full-size copy.
+  return jax.lax.cond(
+      jnp.max(block_amax) >= U32(fb.INF_BITS),
+      lambda x, _: sc.finite_tensor_amax_bits(fb.to_bits(x) & U32(fb.ABS_MASK)),
+      lambda _, a: jnp.max(a), fb.from_bits(x_bits), block_amax)
+
+
 def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
-           tensor_amax_bits=None) -> Encoded:
-  """Quantizes grouped float32 bits `x_bits` per docs/numerics.md §4-6 and docs/quant.md."""
+           tensor_amax_bits=None, fast_path=False, want_values=False) -> Encoded:
+  """Quantizes grouped float32 bits `x_bits` per docs/numerics.md §4-6 and docs/quant.md.
+
+  fast_path: run the per-element work in float32 (`_fast_codec`; same bits, the caller checks
+  `_fast_codec.use_fast_path`). want_values: also return the dequantized values (fast path only).
+  """
   element = fmt.element
+  want_values = want_values and fast.decodes(fmt)
   abs_bits = x_bits & U32(fb.ABS_MASK)
   amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
   opaque_zero = amax.reshape(-1)[0] >> 31  # 0 at run time: abs bits are < 2**31
@@ -127,17 +174,28 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     else:  # a fixed power-of-two scale: the amax only flags NaN / Inf (QuantFormat)
       k = jnp.full(amax.shape, fmt.fixed_scale_exponent, jnp.int32)
     k = k.astype(jnp.int32)
-    _, sig, exp = fb.split(x_bits)
-    mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,
-                           negative=negative, random_bits=random_bits)
-    codes = _with_sign(mag, negative, element)
+    if fast_path:
+      codes, result.values = _fast_elements(
+          x_bits, abs_bits, fast.pow2_bits(-k), fast.pow2_bits(k), bad, element, rounding,
+          random_bits, opaque_zero, want_values, power_of_two=True)
+    else:
+      _, sig, exp = fb.split(x_bits)
+      mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,
+                             negative=negative, random_bits=random_bits)
+      codes = _with_sign(mag, negative, element)
     result.scales = jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32))
   elif fmt.scale == "ue4m3":
     if fmt.tensor_scale and tensor_amax_bits is None:
-      tensor_amax_bits = sc.finite_tensor_amax_bits(abs_bits)
+      tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
     s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
-    s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
-    codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
+    if fast_path:
+      s_b, s_enc_b, m_bits = fast_scales.block_scales(amax, s_enc, tensor_amax_bits,
+                                                      fmt.tensor_scale)
+      codes, result.values = _fast_elements(x_bits, abs_bits, s_enc_b, m_bits, bad, element,
+                                            rounding, random_bits, opaque_zero, want_values)
+    else:
+      s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
+      codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
     result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
     result.tensor_amax_bits = tensor_amax_bits if fmt.tensor_scale else None
   elif element.kind == "uint":
@@ -147,18 +205,37 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     result.zeros = jnp.where(bad, jnp.float32(jnp.nan), lo)
   else:  # fp32 scales: fp8 per tensor, int per channel / group, nf4
     (enc,) = materialize((sc.fp32_encode_scale(amax, element.max_value),), opaque_zero)
+    scale = fb.recip(enc)
     if element.kind == "lut":
       codes = _nf4_codes(x_bits, enc)
+    elif fast_path:
+      codes, result.values = _fast_elements(x_bits, abs_bits, enc, scale, bad, element, rounding,
+                                            random_bits, opaque_zero, want_values)
     else:
       codes = _scaled_codes(x_bits, enc, element, rounding, random_bits, opaque_zero)
-    result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), fb.recip(enc))
-  result.codes = jnp.where(bad, U32(0), codes)
+    result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), scale)
+  result.codes = codes if fast_path else jnp.where(bad, U32(0), codes)  # fast: already masked
   return result
 
 
-def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None):
-  """Exact float32 bits of the dequantized grouped values (`scales` keepdims, as from encode)."""
+def _fast_decode(codes, m_bits, element, opaque_zero, power_of_two=False):
+  """fl32(value(code) * M) bits with the fast path's multiply (`_fast_codec.apply_multiplier`)."""
+  value_bits = sc.decode_bits(codes, element.name)
+  (m_bits,) = materialize((m_bits,), opaque_zero)
+  m_c, shifted = fast.decode_factors(m_bits)
+  out = fast.apply_multiplier(fb.from_bits(value_bits & U32(fb.ABS_MASK)), m_c, shifted,
+                              power_of_two=power_of_two)
+  out = out | (value_bits & U32(fb.SIGN_MASK))
+  return out if power_of_two else fast.canonical_nan(out)
+
+
+def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=False):
+  """Exact float32 bits of the dequantized grouped values (`scales` keepdims, as from encode).
+
+  fast_path: multiply in float32 (`_fast_codec`, same bits) for float elements.
+  """
   element = fmt.element
+  fast_path = fast_path and fast.decodes(fmt)
   if element.kind == "uint":
     # fl32(code * scale) exactly (bit arithmetic, so XLA cannot contract it into an FMA with the
     # add), then + lo in float32 (which flushes a subnormal lo on XLA:CPU; see docs/quant.md).
@@ -166,20 +243,35 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None):
                            jnp.zeros(codes.shape, bool), scales)
     return fb.to_bits(fb.from_bits(product) + zeros)
   if fmt.scale == "e8m0":
-    negative, sig, exp = sc.decode_sig_exp(codes, element.name)
-    out = fb.pack_fp32(negative, sig, exp + scales.astype(jnp.int32) - 127)
     bad = scales == sc.E8M0_NAN
+    if fast_path:
+      m_bits = fast.pow2_bits(jnp.minimum(scales.astype(jnp.int32), 254) - 127)
+      out = _fast_decode(codes, m_bits, element, scales.reshape(-1)[0] >> 31, power_of_two=True)
+    else:
+      negative, sig, exp = sc.decode_sig_exp(codes, element.name)
+      out = fb.pack_fp32(negative, sig, exp + scales.astype(jnp.int32) - 127)
   else:
     if fmt.scale == "ue4m3":
-      multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
+      if fast_path:
+        multiplier = fast_scales.decode_multiplier(scales, tensor_amax_bits, fmt.tensor_scale)
+      else:
+        multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
       bad = scales == sc.UE4M3_NAN
       (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: bytes
     else:
       multiplier = scales
       bad = (scales & U32(fb.ABS_MASK)) > U32(fb.INF_BITS)
-    if element.kind == "lut":
+    if fast_path:
+      out = _fast_decode(codes, jnp.where(bad, U32(0), multiplier), element,
+                         codes.reshape(-1)[0] >> 31)
+    elif element.kind == "lut":
       out = fb.mul(sc.decode_bits(codes, element.name), multiplier)
     else:
       negative, sig, exp = sc.decode_sig_exp(codes, element.name)
       out = fb.mul_small(sig, exp, negative, multiplier)
+  if fast_path:  # per-group masks, not a per-element select (see _fast_elements)
+    keep, nan = materialize((jnp.where(bad, U32(0), U32(0xFFFFFFFF)),
+                             jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))),
+                            codes.reshape(-1)[0] >> 31)
+    return (out & keep) | nan
   return jnp.where(bad, U32(sc.F32_NAN_BITS), out)

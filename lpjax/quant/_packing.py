@@ -11,6 +11,7 @@ Examples:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -30,9 +31,13 @@ def pack_fp4(codes, axis: int = -1):
   n = codes.shape[-1]
   if n % 2:
     codes = jnp.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
-  pairs = codes.reshape(codes.shape[:-1] + (-1, 2))
-  packed = (pairs[..., 0] & 0xF) | ((pairs[..., 1] & 0xF) << 4)
-  return jnp.moveaxis(packed.astype(jnp.uint8), -1, axis)
+  pairs = (codes & 0xF).reshape(codes.shape[:-1] + (-1, 2))
+  # Each pair as one little-endian uint16 (element 2i the low byte): a contiguous, vectorizable
+  # pass instead of two strided reads per output byte. jnp's view keeps that byte order on every
+  # backend (it is defined on the host's little-endian layout, as numpy's .view is).
+  word = jax.lax.bitcast_convert_type(pairs, jnp.uint16)
+  packed = (word | (word >> 4)).astype(jnp.uint8)
+  return jnp.moveaxis(packed, -1, axis)
 
 
 def unpack_fp4(packed, n: int, axis: int = -1):

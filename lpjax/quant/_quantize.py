@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from lpjax.quant import _codec as codec
+from lpjax.quant import _fast_codec as fast
 from lpjax.quant import _formats as formats
 from lpjax.quant import _fp32_bits as fb
 from lpjax.quant._layout import GroupLayout
@@ -122,7 +123,8 @@ def _options(fmt, rounding, scale_mode, key):
   return fmt, scale_mode
 
 
-def _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax):
+def _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax, fast_path=False,
+                    want_values=False):
   layout = GroupLayout.make(fmt, x.shape, axis)
   x_bits = fb.to_bits(x.astype(jnp.float32))
   rbits_g = None if rbits is None else layout.group(rbits)
@@ -130,7 +132,8 @@ def _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax):
   if tensor_amax is not None:
     amax_bits = fb.to_bits(jnp.asarray(tensor_amax, jnp.float32)) & jnp.uint32(fb.ABS_MASK)
   enc = codec.encode(layout.group(x_bits), fmt, layout.reduce_axes, rounding=rounding,
-                     scale_mode=scale_mode, random_bits=rbits_g, tensor_amax_bits=amax_bits)
+                     scale_mode=scale_mode, random_bits=rbits_g, tensor_amax_bits=amax_bits,
+                     fast_path=fast_path, want_values=want_values)
   return layout, enc
 
 
@@ -160,7 +163,8 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
     return backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
                             tensor_amax=tensor_amax)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
-  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax)
+  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
+                                fast.use_fast_path(fmt, rounding))
   codes = layout.ungroup(enc.codes).astype(jnp.uint8)
   if fmt.element.is_packed:
     codes = pack_fp4(codes, axis=layout.axis)
@@ -192,24 +196,29 @@ def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array
   amax_bits = None if q.tensor_scale is None else fb.to_bits(q.tensor_scale)
   zeros = None if q.zeros is None else layout.scales_in(q.zeros)
   out = codec.decode(layout.group(codes.astype(jnp.uint32)), layout.scales_in(scales), q.fmt,
-                     tensor_amax_bits=amax_bits, zeros=zeros)
+                     tensor_amax_bits=amax_bits, zeros=zeros,
+                     fast_path=fast.use_fast_path(q.fmt, "nearest_even"))
   return fb.from_bits(layout.ungroup(out)).astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode):
-  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax)
-  out = codec.decode(enc.codes, enc.scales, fmt, tensor_amax_bits=enc.tensor_amax_bits,
-                     zeros=enc.zeros)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode, fast_path):
+  layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
+                                fast_path, want_values=True)
+  if enc.values is not None:  # the fast path dequantizes as it goes
+    out = enc.values
+  else:
+    out = codec.decode(enc.codes, enc.scales, fmt, tensor_amax_bits=enc.tensor_amax_bits,
+                       zeros=enc.zeros)
   return fb.from_bits(layout.ungroup(out)).astype(x.dtype)
 
 
-def _fake_quant_fwd(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode):
-  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode), None
+def _fake_quant_fwd(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode, fast_path):
+  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode, fast_path), None
 
 
-def _fake_quant_bwd(fmt, axis, rounding, scale_mode, _, g):
-  del fmt, axis, rounding, scale_mode
+def _fake_quant_bwd(fmt, axis, rounding, scale_mode, fast_path, _, g):
+  del fmt, axis, rounding, scale_mode, fast_path
   return g, None, None  # straight-through estimator
 
 
@@ -233,7 +242,8 @@ def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
   if tensor_amax is not None:
     tensor_amax = jax.lax.stop_gradient(jnp.asarray(tensor_amax, jnp.float32))
-  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode)
+  return _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode,
+                     fast.use_fast_path(fmt, rounding))
 
 
 def random_bits(key, shape) -> jax.Array:

@@ -19,6 +19,9 @@ import numpy_oracle as O  # noqa: E402
 
 from lpjax import quant  # noqa: E402
 
+# Every case runs on the fast element path and on the integer reference (tests/quant/conftest.py).
+pytestmark = pytest.mark.usefixtures("arithmetic")
+
 CANON = (16, 128)
 RAGGED = (13, 117)
 MX = ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"]

@@ -16,6 +16,9 @@ import numpy_oracle as O  # noqa: E402
 
 from lpjax import quant  # noqa: E402
 
+# Every case runs on the fast element path and on the integer reference (tests/quant/conftest.py).
+pytestmark = pytest.mark.usefixtures("arithmetic")
+
 F32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
 MX = ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2"]

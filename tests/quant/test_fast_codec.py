@@ -1,0 +1,179 @@
+"""The fast element path (lpjax/quant/_fast_codec.py) on each edge its exactness argument names.
+
+Each case states the expected bits by hand, then checks that the fast path and the integer
+reference (`quant.reference_arithmetic`) agree bit for bit on codes, scales and values. The whole
+oracle suite also runs on both paths (tests/quant/conftest.py).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpjax import quant
+from lpjax.quant import _fast_codec as fast
+
+F32 = np.float32
+KEY = jax.random.key(7)
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view(np.uint32) if a.dtype == np.float32 else a
+
+
+def both(x, fmt, **kw):
+  """(quantize, fake_quant, dequantize) on the fast path; asserts the reference gives the same bits."""
+  x = jnp.asarray(np.asarray(x, F32))
+  if kw.get("rounding") == "stochastic":
+    kw["key"] = KEY
+  outs = []
+  for reference in (False, True):
+    ctx = quant.reference_arithmetic() if reference else _null()
+    with ctx:
+      q = quant.quantize(x, fmt, **kw)
+      outs.append((q.codes, q.scales, quant.fake_quant(x, fmt, **kw), quant.dequantize(q)))
+  for name, a, b in zip(("codes", "scales", "fake_quant", "dequantize"), *outs):
+    np.testing.assert_array_equal(_bits(a), _bits(b), err_msg=f"{name}: fast != reference")
+  return outs[0]
+
+
+class _null:
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *a):
+    return False
+
+
+def block(*values, n=32):
+  """One block of n elements: the given values, then zeros."""
+  out = np.zeros((1, n), F32)
+  out[0, :len(values)] = values
+  return out
+
+
+def test_supported_and_reference_switch():
+  fmt = quant.get_format
+  assert fast.supports(fmt("mxfp4"), "toward_positive")
+  assert fast.supports(fmt("nvfp4"), "stochastic")
+  assert not fast.supports(fmt("nvfp4"), "toward_positive")  # fl32(x * S) may round to 0
+  assert not fast.supports(fmt("int8_g128"), "nearest_even")
+  assert fast.use_fast_path(fmt("mxfp4"), "nearest_even")
+  with quant.reference_arithmetic():
+    assert not fast.use_fast_path(fmt("mxfp4"), "nearest_even")
+  assert fast.use_fast_path(fmt("mxfp4"), "nearest_even")
+
+
+def test_subnormal_scale_k127_keeps_the_exact_codec():
+  """S = 2**-127 is subnormal (only a fixed exponent of 127 gives it): the exact codec runs."""
+  fmt = quant.QuantFormat(element="e2m1", granularity="tensor", block_size=None,
+                          fixed_scale_exponent=127)
+  assert not fast.supports(fmt, "nearest_even")
+  x = np.array([[2.0 ** 127 * 1.5, 2.0 ** 126, -(2.0 ** 120), 0.0]], F32)
+  codes, scales, values, _ = both(x, fmt)
+  assert int(scales) == 254
+  # 1.5 * 2**127 / 2**127 = 1.5 -> code 3; 2**126 / 2**127 = 0.5 -> 1; -2**-7 -> -0 (code 8).
+  assert quant.unpack_fp4(codes, 4).tolist() == [[3, 1, 8, 0]]
+  np.testing.assert_array_equal(np.asarray(values)[0, :2], [2.0 ** 127 * 1.5, 2.0 ** 126])
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3"])
+def test_constant_inputs_under_jit(fmt):
+  """A closed-over constant x lets XLA fold the scales into constants, and XLA reassociates
+  (a * C1) * C2 for constants: the fast path must keep the contract's operation order anyway."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray((rng.standard_normal((64, 64)) * 3).astype(F32))
+  jitted = jax.jit(lambda: quant.fake_quant(x, fmt))()
+  with quant.reference_arithmetic():
+    ref = quant.fake_quant(x, fmt)
+  np.testing.assert_array_equal(_bits(jitted), _bits(ref))
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "toward_positive", "stochastic"])
+def test_subnormal_inputs_with_a_large_multiplier(rounding):
+  """A block of subnormals: k = -129 - 2 clamps to -127, S = 2**127 >= 2**23: exact float(mant) route."""
+  x = block(3 * 2.0 ** -149, -(2.0 ** -130), 2.0 ** -128 * 1.25, 2.0 ** -140)
+  codes, scales, values, _ = both(x, "mxfp4", rounding=rounding)
+  assert int(scales[0, 0]) == 0  # k = -127
+  got = quant.unpack_fp4(codes, 32)[0, :4].tolist()
+  # m = x * 2**127: 3 * 2**-22 (-> 0 or min step), -0.125 (-> -0), 0.625 (-> 0.5), 2**-13.
+  if rounding == "nearest_even":
+    assert got == [0, 8, 1, 0]
+    np.testing.assert_array_equal(np.asarray(values)[0, 2], F32(2.0 ** -128))  # subnormal output
+  elif rounding == "toward_positive":
+    assert got == [1, 8, 2, 1]  # every positive non-zero m rounds up; 0.625 -> 1.0
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "toward_positive", "toward_negative"])
+def test_tiny_products_in_a_normal_block(rounding):
+  """m = 2**-140 / 2**8 is far below float32's normal range; directed modes still give the min step."""
+  x = block(1000.0, 2.0 ** -140, -(2.0 ** -130), 2.0 ** -149, -0.0)
+  codes, _, values, _ = both(x, "mxfp4", rounding=rounding)
+  got = quant.unpack_fp4(codes, 32)[0, 1:5].tolist()
+  want = {"nearest_even": [0, 8, 0, 8], "toward_positive": [1, 8, 1, 8],
+          "toward_negative": [0, 9, 0, 8]}[rounding]
+  assert got == want
+
+
+def test_subnormal_inputs_with_a_small_multiplier():
+  """S < 2**23 (k > -23): a subnormal x gives m < 2**-103, which rounds to 0 (RTN) or F = 0 (SR)."""
+  x = block(1.0, 2.0 ** -140, -(2.0 ** -149))
+  for rounding in ("nearest_even", "stochastic"):
+    codes, _, values, _ = both(x, "mxfp4", rounding=rounding)
+    assert quant.unpack_fp4(codes, 32)[0, 1:3].tolist() == [0, 8]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2"])
+def test_saturation_and_binade_carry(fmt):
+  """Values rounding past the top binade saturate; a carry (1.75 -> 2.0 in e2m1) moves binades."""
+  f = quant.get_format(fmt)
+  top = f.element.max_value
+  # With amax = top * 1.1 (below the next power of two) the block scale is 2**0; it saturates.
+  x = block(top * 1.1, top, 1.75, 1.9375, 3.5)
+  codes, scales, values, _ = both(x, fmt, rounding="nearest_even")
+  v = np.asarray(values)[0]
+  assert v[0] == top and v[1] == top
+  if fmt == "mxfp4":
+    assert v[2:5].tolist() == [2.0, 2.0, 4.0]  # ties to even: 1.75 -> 2, 3.5 -> 4
+
+
+def test_stochastic_fraction_is_exact_near_half():
+  """x = 0.25 - 2**-26 in steps of 0.5: t = 0.5 - 2**-25, F = floor(t * 2**32) = 2**31 - 2**7 exactly."""
+  x = np.tile(block(6.0, 0.25 - 2.0 ** -26, 1.0 + 2.0 ** -23), (256, 1))
+  codes, _, _, _ = both(x, "mxfp4", rounding="stochastic")
+  ups = (quant.unpack_fp4(codes, 32)[:, 1] == 1).mean()
+  assert 0.4 < float(ups) < 0.6  # up with probability t, just below one half
+
+
+def test_nvfp4_tiny_tensor_subnormal_outputs():
+  """amax_t = 2**-120: decode multipliers below 2**-100 take the shifted route; outputs subnormal."""
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal((4, 64)) * 2.0 ** -122).astype(F32)
+  for rounding in ("nearest_even", "stochastic"):
+    _, _, values, _ = both(x, "nvfp4", rounding=rounding)
+    v = np.abs(np.asarray(values))
+    assert ((v > 0) & (v < 2.0 ** -126)).any()  # subnormal outputs exist and matched the reference
+
+
+def test_nvfp4_infinite_decode_multiplier_gives_canonical_nan():
+  """amax_t near FLT_MAX: (s_b * amax_t) overflows, so value 0 times inf is NaN, as 0x7FC00000."""
+  x = block(3.0e38, -2.0e38, 0.0, 1.0e38, n=16)
+  _, _, values, _ = both(x, "nvfp4")
+  v = _bits(values)[0]
+  assert v[2] == 0x7FC00000  # 0 * inf: the exact codec's NaN, not the hardware's negative NaN
+
+
+def test_fp8_per_tensor_wide_elements_decode_exactly():
+  """e5m2 values times a tiny fp32 scale: subnormal outputs need 27 bits, so decode is exact-codec."""
+  assert not fast.decodes(quant.get_format("fp8_e5m2"))
+  assert fast.decodes(quant.get_format("nvfp4")) and fast.decodes(quant.get_format("mxfp8_e5m2"))
+  rng = np.random.default_rng(1)
+  x = (rng.standard_normal((8, 64)) * 2.0 ** -128).astype(F32)
+  both(x, "fp8_e5m2")
+
+
+def test_pack_fp4_is_little_endian_pairs():
+  codes = jnp.asarray(np.array([[0x1, 0xF, 0x7, 0x8, 0x3]], np.uint8))
+  assert [hex(int(b)) for b in quant.pack_fp4(codes)[0]] == ["0xf1", "0x87", "0x3"]
+  assert quant.pack_fp4(codes.T, axis=0)[:, 0].tolist() == [0xF1, 0x87, 0x3]
