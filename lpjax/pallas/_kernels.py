@@ -26,10 +26,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from lpjax.pallas import _tile_codec as tc
 from lpjax.quant import _fp32_bits as fb
+from lpjax.quant._hadamard import normalizer as hadamard_normalizer
 from lpjax.quant import _rng as rng
 
 U32 = jnp.uint32
@@ -151,17 +153,20 @@ def _decode(codes, scales, params_ref, fmt):
 
 
 def _rotate(x, h_ref, signs_ref, direction, hadamard):
-  """The RHT of a tile in float32: (x * signs) @ H / sqrt(g) per rotation block (hadamard.py)."""
-  hm = h_ref[...]
-  g = hm.shape[0]
+  """The RHT of a tile in float32, as lpjax.quant.hadamard computes it: the butterfly stages (one
+  dot each with a stage matrix of h_ref), fl32(1 / sqrt(g)), zeros as +0, per rotation block."""
+  n_stages, g = h_ref.shape[0], h_ref.shape[-1]
   tm, tn = x.shape
   signs = signs_ref[...]
   if direction == "rows":
     xb = (x.reshape(tm, tn // g, g) * signs[None, None, :]).reshape(tm * tn // g, g)
-    y = jnp.dot(xb, hm, precision=jax.lax.Precision.HIGHEST).reshape(tm, tn)
   else:  # the tile is one rotation block tall: rotate its columns, as rows like hadamard.py does
-    xt = (x * signs[:, None]).T
-    y = jnp.dot(xt, hm, precision=jax.lax.Precision.HIGHEST).T
+    xb = (x * signs[:, None]).T
+  for i in range(n_stages):  # one load per stage (Triton has no rule for slicing a value)
+    xb = jnp.dot(xb, h_ref[i], precision=jax.lax.Precision.HIGHEST)
+  xb = xb * F32(hadamard_normalizer(g, np.float32))
+  xb = jnp.where(xb == 0, F32(0), xb)
+  y = xb.reshape(tm, tn) if direction == "rows" else xb.T
   prescale = hadamard[1]
   if prescale is not None:  # the SR pre-scale of operand._pre, after the rotation
     y = y * F32(prescale)
@@ -240,13 +245,14 @@ def _code_dims(fmt, direction, view):
           (view.rows // b, view.n_pad), (tm // b, tn))
 
 
-def _hadamard_inputs(hadamard_matrix, signs):
-  g = hadamard_matrix.shape[0]
-  return [hadamard_matrix, signs], [pl.BlockSpec((g, g), lambda i, j: (0, 0)),
+def _hadamard_inputs(hadamard_stages, signs):
+  """hadamard_stages: the butterfly stage matrices, (log2(g), g, g) (quant._hadamard)."""
+  stages, g = hadamard_stages.shape[0], hadamard_stages.shape[-1]
+  return [hadamard_stages, signs], [pl.BlockSpec((stages, g, g), lambda i, j: (0, 0, 0)),
                                     pl.BlockSpec((g,), lambda i, j: (0,))]
 
 
-def quantize(params, x2d, *, view, fmt, rounding, scale_mode, interpret, hadamard_matrix=None,
+def quantize(params, x2d, *, view, fmt, rounding, scale_mode, interpret, hadamard_stages=None,
              signs=None, prescale=None):
   """Codes and scales (2-D, uint8) of x2d along each of view.directions (a flat list)."""
   outs = []
@@ -254,30 +260,30 @@ def quantize(params, x2d, *, view, fmt, rounding, scale_mode, interpret, hadamar
     codes_shape, codes_block, scales_shape, scales_block = _code_dims(fmt, direction, view)
     outs += [(codes_shape, U8, codes_block), (scales_shape, U8, scales_block)]
   operands, blocks = [params, x2d], [view.tile]
-  if hadamard_matrix is not None:
-    extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+  if hadamard_stages is not None:
+    extra, extra_blocks = _hadamard_inputs(hadamard_stages, signs)
     operands, blocks = operands + extra, blocks + extra_blocks
   kernel = functools.partial(_quantize_kernel, fmt=fmt, directions=view.directions,
                              rounding=rounding, scale_mode=scale_mode, view=view,
-                             hadamard=_rht(hadamard_matrix, prescale))
+                             hadamard=_rht(hadamard_stages, prescale))
   return _call(kernel, view, operands, blocks, outs, interpret, "lpjax_quantize")
 
 
-def _rht(hadamard_matrix, prescale):
+def _rht(hadamard_stages, prescale):
   """The kernels' `hadamard` argument: None (no RHT) or ("rht", pre-scale or None)."""
-  return None if hadamard_matrix is None else ("rht", None if prescale is None else float(prescale))
+  return None if hadamard_stages is None else ("rht", None if prescale is None else float(prescale))
 
 
 def fake_quant(params, x2d, *, view, fmt, rounding, scale_mode, out_dtype, interpret,
-               hadamard_matrix=None, signs=None, prescale=None):
+               hadamard_stages=None, signs=None, prescale=None):
   """fake-quantized values of x2d along view.directions[0], (rows, n_pad) in out_dtype."""
   operands, blocks = [params, x2d], [view.tile]
-  if hadamard_matrix is not None:
-    extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+  if hadamard_stages is not None:
+    extra, extra_blocks = _hadamard_inputs(hadamard_stages, signs)
     operands, blocks = operands + extra, blocks + extra_blocks
   kernel = functools.partial(_fake_kernel, fmt=fmt, direction=view.directions[0],
                              rounding=rounding, scale_mode=scale_mode, view=view,
-                             hadamard=_rht(hadamard_matrix, prescale))
+                             hadamard=_rht(hadamard_stages, prescale))
   outs = [((view.rows, view.n_pad), out_dtype, view.tile)]
   return _call(kernel, view, operands, blocks, outs, interpret, "lpjax_fake_quant")[0]
 
@@ -292,12 +298,12 @@ def dequantize(params, codes2d, scales2d, *, view, fmt, out_dtype, interpret):
                interpret, "lpjax_dequantize")[0]
 
 
-def rotate(params, x2d, *, view, hadamard_matrix, signs, interpret, values=True, prescale=None):
+def rotate(params, x2d, *, view, hadamard_stages, signs, interpret, values=True, prescale=None):
   """[RHT of x2d [* prescale] in float32 (if `values`), per-tile finite amax bits (uint32,
   view.grid)] along view.directions[0]."""
-  extra, extra_blocks = _hadamard_inputs(hadamard_matrix, signs)
+  extra, extra_blocks = _hadamard_inputs(hadamard_stages, signs)
   kernel = functools.partial(_rotate_kernel, direction=view.directions[0],
-                             hadamard=_rht(hadamard_matrix, prescale))
+                             hadamard=_rht(hadamard_stages, prescale))
   outs = [((view.rows, view.n_pad), F32, view.tile)] if values else []
   outs.append((view.grid, U32, (1, 1)))
   return _call(kernel, view, [params, x2d] + extra, [view.tile] + extra_blocks, outs, interpret,

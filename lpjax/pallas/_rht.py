@@ -6,12 +6,13 @@
 g) happens on the tile in registers and is never written out. The returned QArray has the rotated
 (padded) shape and dtype float32, like the XLA composition.
 
-The rotation is a float32 matmul, and the order in which a matmul sums its g products is the
-backend's choice: the kernel's rotation equals `lpjax.quant.hadamard` bit for bit in interpret mode
-on CPU (checked by the tests), while a GPU's Triton dot and XLA's GEMM may round a sum differently
-(by an ulp). The quantization of the rotated tile is always bit-identical to `lpjax.quant` on the
-same rotated values: `hadamard_quantize(x) == quant.quantize(hadamard(x))` with this module's
-`hadamard`, on every backend.
+The rotation is `lpjax.quant.hadamard`'s fast Walsh-Hadamard transform: log2(g) butterfly stages,
+each here a float32 dot with a stage matrix (`quant._hadamard.butterfly_stages`) whose columns hold
+one exact a + b or a - b and exact zeros, so every backend's summation order gives XLA's values;
+then the same fl32(1 / sqrt(g)) and +0 for zeros. So `hadamard_quantize(x)` equals
+`quant.quantize(quant.hadamard(x))` bit for bit (checked in interpret mode by the tests). Inputs
+with Inf or NaN give non-finite values across their rotation block (NaN here, where the butterflies
+may give Inf), which quantize to the same NaN blocks.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -37,8 +38,8 @@ import jax.numpy as jnp
 
 from lpjax.pallas import _kernels as kernels, _ops as ops, _plan as plan
 from lpjax.pallas import _support as sp
+from lpjax.quant._hadamard import butterfly_stages
 from lpjax.quant._hadamard import hadamard as xla_hadamard
-from lpjax.quant._hadamard import hadamard_matrix
 
 F32 = jnp.float32
 
@@ -50,9 +51,8 @@ def _check_block(block: int, signs):
   signs = jnp.ones((block,), F32) if signs is None else jnp.asarray(signs, F32)
   if signs.shape != (block,):
     raise ValueError(f"signs must have shape ({block},), got {signs.shape}.")
-  # As lpjax.quant.hadamard computes it (float32 compute dtype).
-  hm = jnp.asarray(hadamard_matrix(block), F32) / jnp.sqrt(jnp.asarray(block, F32))
-  return signs, hm
+  # The butterfly stages of lpjax.quant.hadamard, as (log2(block), block, block) matrices.
+  return signs, jnp.asarray(butterfly_stages(block))
 
 
 def _view(shape, axis, block, unit, tile):
@@ -90,7 +90,7 @@ def hadamard(x, block: int, *, axis: int = -1, signs=None, interpret=None, tile=
   x, axis, signs, hm = _prepare(x, block, axis, signs, "hadamard")
   view = _view(x.shape, axis, block, block, tile)
   y2d, _ = kernels.rotate(kernels.make_params(), view.to_2d(sp.kernel_input(x)), view=view,
-                          hadamard_matrix=hm, signs=signs, interpret=sp.resolve_interpret(interpret))
+                          hadamard_stages=hm, signs=signs, interpret=sp.resolve_interpret(interpret))
   return view.from_2d(y2d, view.m, view.n, _rotated_shape(x.shape, axis, block))
 
 
@@ -99,7 +99,7 @@ def _amax_t_bits(fmt, x2d, view, hm, signs, tensor_amax, prescale, interpret):
   values, with the same in-kernel rotation as the quantizer, so the two agree exactly."""
   if fmt.scale != "ue4m3" or not fmt.tensor_scale or tensor_amax is not None:
     return None
-  (tile_amax,) = kernels.rotate(kernels.make_params(), x2d, view=view, hadamard_matrix=hm,
+  (tile_amax,) = kernels.rotate(kernels.make_params(), x2d, view=view, hadamard_stages=hm,
                                 signs=signs, interpret=interpret, values=False, prescale=prescale)
   return jnp.max(tile_amax)
 
@@ -139,7 +139,7 @@ def hadamard_quantize(x, fmt, *, block: int, signs=None, axis: int = -1,
   params, amax_t_bits = _params(fmt, x2d, view, hm, signs, key=key, rounding=rounding,
                                 tensor_amax=tensor_amax, prescale=prescale, interpret=interpret)
   outs = kernels.quantize(params, x2d, view=view, fmt=fmt, rounding=rounding,
-                          scale_mode=scale_mode, interpret=interpret, hadamard_matrix=hm,
+                          scale_mode=scale_mode, interpret=interpret, hadamard_stages=hm,
                           signs=signs, prescale=prescale)
   direction = view.directions[0]
   [(codes, scales)] = ops.unview(outs, view, fmt, shape, {direction: axis})
@@ -152,7 +152,7 @@ def _fake_impl(x, signs, params, static):
   view = _view(x.shape, axis, block, fmt.block_size, tile)
   out = kernels.fake_quant(params, view.to_2d(sp.kernel_input(x)), view=view, fmt=fmt,
                            rounding=rounding, scale_mode=scale_mode, out_dtype=jnp.dtype(F32),
-                           interpret=interpret, hadamard_matrix=hm, signs=signs,
+                           interpret=interpret, hadamard_stages=hm, signs=signs,
                            prescale=prescale)
   return view.from_2d(out, view.m, view.n, _rotated_shape(x.shape, axis, block))
 

@@ -3,6 +3,14 @@
 Orthogonal, so applying it to both operands of a GEMM along the contraction axis leaves the
 product unchanged in exact arithmetic while spreading outliers across the block (docs/numerics.md §7).
 
+Computed as a fast Walsh-Hadamard transform, so its rounding is defined, not left to a GEMM's
+summation order: log2(g) butterfly stages h = 1, 2, 4, ..., g/2, each taking every pair (a, b) of
+elements h apart within groups of 2h to (fl(a + b), fl(a - b)), then one multiply by
+fl(1 / sqrt(g)), and every zero result made +0. The Pallas kernels (lpjax/pallas/_rht.py) compute
+the same stages as products with `butterfly_stages` matrices (each output is one exact a +- b plus
+exact zeros, so any summation order gives the same value; zeros are made +0 there too) and match
+this function bit for bit. 2 log2(g) additions per element instead of a g-wide matmul.
+
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> x = jnp.arange(8.0).reshape(2, 4)
@@ -34,6 +42,46 @@ def hadamard_matrix(n: int) -> np.ndarray:
   return h
 
 
+@functools.lru_cache(maxsize=None)
+def butterfly_stages(n: int) -> np.ndarray:
+  """float32 (log2(n), n, n): stage h = 2**i as a matrix S with y = x @ S = the butterflies of `fwht`."""
+  hadamard_matrix(n)  # validates n
+  stages = []
+  h = 1
+  while h < n:
+    s = np.zeros((n, n), np.float32)
+    for start in range(0, n, 2 * h):
+      for p in range(h):
+        a, b = start + p, start + p + h
+        s[a, a], s[b, a] = 1.0, 1.0  # column a: a + b
+        s[a, b], s[b, b] = 1.0, -1.0  # column b: a - b
+    stages.append(s)
+    h *= 2
+  return np.stack(stages) if stages else np.zeros((0, n, n), np.float32)
+
+
+def normalizer(n: int, dtype) -> np.ndarray:
+  """fl(1 / sqrt(n)) in `dtype`: the transform's final multiplier."""
+  return np.asarray(1.0 / np.sqrt(float(n)), dtype=dtype)
+
+
+def fwht(xb):
+  """Unnormalized Walsh-Hadamard transform of the last axis (a power of two), by butterflies."""
+  n = xb.shape[-1]
+  h = 1
+  while h < n:
+    v = xb.reshape(xb.shape[:-1] + (n // (2 * h), 2, h))
+    a, b = v[..., 0, :], v[..., 1, :]
+    xb = jnp.stack([a + b, a - b], axis=-2).reshape(xb.shape)
+    h *= 2
+  return xb
+
+
+def positive_zeros(y):
+  """y with every zero as +0 (the sign of an exact zero sum is summation-order dependent)."""
+  return jnp.where(y == 0, jnp.zeros_like(y), y)
+
+
 def random_signs(key, n: int) -> jax.Array:
   """float32 ±1 of shape (n,), from `key`."""
   return jnp.where(jax.random.bernoulli(key, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
@@ -54,7 +102,7 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
   """
   x = jnp.asarray(x)
   axis = _normalize_axis(axis, x.ndim)
-  h = hadamard_matrix(block)
+  hadamard_matrix(block)  # validates block
   if x.shape[axis] % block:
     raise ValueError(f"hadamard: x.shape[{axis}] = {x.shape[axis]} is not a multiple of the block "
                      f"size {block}; pad the axis or choose a block that divides it.")
@@ -66,9 +114,9 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
     raise ValueError(f"signs must have shape ({block},), got {signs.shape}.")
   xm = jnp.moveaxis(x, axis, -1).astype(compute)
   xb = xm.reshape(xm.shape[:-1] + (-1, block))
-  hm = jnp.asarray(h, compute) / jnp.sqrt(jnp.asarray(block, compute))
+  scale = jnp.asarray(normalizer(block, compute))
   if inverse:  # (H D)^T = D H: transform first, then the signs
-    yb = jnp.matmul(xb, hm, precision=jax.lax.Precision.HIGHEST) * signs
-  else:  # y = H (D x) for each block as a column vector; H is symmetric
-    yb = jnp.matmul(xb * signs, hm, precision=jax.lax.Precision.HIGHEST)
+    yb = positive_zeros(fwht(xb) * scale) * signs
+  else:  # y = H (D x) for each block
+    yb = positive_zeros(fwht(xb * signs) * scale)
   return jnp.moveaxis(yb.reshape(xm.shape), -1, axis).astype(x.dtype)
