@@ -10,7 +10,8 @@ process:
 - `compile_s`: `train_step(policy).lower(state, batch, key).compile()` (what the trainer logs as
   "compiled in N s");
 - `first_step_s`: the start of the trainer (task, model, optimizer), the initial state, the
-  compile and one step, i.e. what a user waits for before the first loss appears.
+  compile and one step, i.e. what a user waits for before the first loss appears;
+- `step_s`: the steady step time, the median of `--steps` further steps on the same batch.
 Each figure is also given as a ratio to the same model's bf16 row, measured first in this
 process. JAX's persistent compilation cache is off, so nothing is reused across rows.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +39,7 @@ def _parse():
   p.add_argument("--models", default="llama,unet,resnet", help="comma-separated of " + ",".join(MODELS))
   p.add_argument("--recipes", default="", help="comma-separated; default: each model's list")
   p.add_argument("--batch_size", type=int, default=16)
+  p.add_argument("--steps", type=int, default=10, help="steps timed for the steady step time")
   p.add_argument("--json", default="", help="also write the rows to this file")
   return p.parse_args()
 
@@ -64,7 +67,7 @@ def load_config(path: str):
 
 
 def measure(config_path: str, recipe: str, workdir: str) -> dict:
-  """{compile_s, first_step_s} of the trainer of `config_path` with quant.recipe = recipe."""
+  """{compile_s, first_step_s, step_s} of the trainer of `config_path` with quant.recipe = recipe."""
   c = load_config(config_path)
   c.quant.recipe = recipe
   c.batch_size = ARGS.batch_size
@@ -81,15 +84,23 @@ def measure(config_path: str, recipe: str, workdir: str) -> dict:
   compile_s = time.perf_counter() - compile_start
   state, metrics = step(state, batch, key)
   jax.block_until_ready(metrics)
-  return {"compile_s": compile_s, "first_step_s": time.perf_counter() - start}
+  first_step_s = time.perf_counter() - start
+  times = []
+  for _ in range(ARGS.steps):
+    t0 = time.perf_counter()
+    state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - t0)
+  return {"compile_s": compile_s, "first_step_s": first_step_s,
+          "step_s": statistics.median(times) if times else float("nan")}
 
 
 def main():
   rows = []
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {ARGS.batch_size}; ratios to "
         "the same model's bf16 row (same process)")
-  print("| model | recipe | compile s | x bf16 | first step s | x bf16 |")
-  print("|---|---|---|---|---|---|")
+  print("| model | recipe | compile s | x bf16 | first step s | x bf16 | step ms | x bf16 |")
+  print("|---|---|---|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as tmp:
     for model in ARGS.models.split(","):
       path, default = MODELS[model]
@@ -102,10 +113,12 @@ def main():
         base = base or r
         row = dict(model=model, recipe=recipe, **r,
                    compile_ratio=r["compile_s"] / base["compile_s"],
-                   first_step_ratio=r["first_step_s"] / base["first_step_s"])
+                   first_step_ratio=r["first_step_s"] / base["first_step_s"],
+                   step_ratio=r["step_s"] / base["step_s"])
         rows.append(row)
         print(f"| {model} | {recipe} | {r['compile_s']:.1f} | {row['compile_ratio']:.2f} | "
-              f"{r['first_step_s']:.1f} | {row['first_step_ratio']:.2f} |", flush=True)
+              f"{r['first_step_s']:.1f} | {row['first_step_ratio']:.2f} | "
+              f"{1e3 * r['step_s']:.1f} | {row['step_ratio']:.2f} |", flush=True)
   if ARGS.json:
     os.makedirs(os.path.dirname(os.path.abspath(ARGS.json)), exist_ok=True)
     with open(ARGS.json, "w") as f:
