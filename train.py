@@ -26,7 +26,18 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(
       flags.FLAGS["config"].config_filename))[0])
-  results = train_and_evaluate(config, workdir)
+  from lpjax.train import ConfigError
+
+  try:
+    results = train_and_evaluate(config, workdir)
+  except ConfigError as e:
+    # A config problem is the user's to fix, not a crash: the message alone, unless asked for
+    # the traceback (--verbosity=1 or LPJAX_TRACEBACK=1).
+    if flags.FLAGS.verbosity >= 1 or os.environ.get("LPJAX_TRACEBACK") == "1":
+      raise
+    print(f"Config error: {e}\n(--verbosity=1 or LPJAX_TRACEBACK=1 shows the traceback.)",
+          file=sys.stderr)
+    sys.exit(2)
   if results.get("stopped"):
     print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "
           "resumes it: run the same command again.")

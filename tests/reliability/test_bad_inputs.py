@@ -2,6 +2,8 @@
 the problem (and, where there is one, the fix). One table per entry point."""
 
 
+import os
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -75,6 +77,24 @@ CONFIG_CASES = [
     ("no checkpoints kept", lambda: small(keep_checkpoints=0), "keep_checkpoints must be >= 1"),
     ("negative eval_every", lambda: small(eval_every=-1), "eval_every must be >= 0"),
     ("zero steps", lambda: small(steps=0), "steps must be positive"),
+    ("NaN learning rate", lambda: small(**{"optimizer.lr": float("nan")}), r"optimizer.lr must be a finite number >= 0, got nan"),
+    ("negative learning rate", lambda: small(**{"optimizer.lr": -1e-3}), "optimizer.lr must be"),
+    ("infinite learning rate", lambda: small(**{"optimizer.lr": float("inf")}), "optimizer.lr must be"),
+    ("negative min_lr_ratio", lambda: small(**{"optimizer.min_lr_ratio": -0.1}), r"min_lr_ratio must be in \[0, 1\]"),
+    ("negative warmup", lambda: small(**{"optimizer.warmup_steps": -1}), "warmup_steps must be >= 0"),
+    ("b2 above 1", lambda: small(**{"optimizer.b2": 1.5}), r"optimizer.b2 must be in \[0, 1\)"),
+    ("b1 of 1", lambda: small(**{"optimizer.b1": 1.0}), r"optimizer.b1 must be in \[0, 1\)"),
+    ("gamma1 of 1", lambda: small(optimizer="stable_spam", **{"optimizer.gamma1": 1.0}), "optimizer.gamma1 must be"),
+    ("negative grad_clip", lambda: small(**{"optimizer.grad_clip": -1.0}), "grad_clip must be"),
+    ("NaN weight decay", lambda: small(**{"optimizer.weight_decay": float("nan")}), "weight_decay must be"),
+    ("zero eps", lambda: small(**{"optimizer.eps": 0.0}), "optimizer.eps must be a finite number > 0"),
+    ("zero eval_steps", lambda: small(eval_steps=0), "eval_steps must be >= 1"),
+    ("vocab smaller than the tokenizer's", lambda: small(**{"model.vocab_size": 100}), "smaller than the tokenizer's 257"),
+    ("negative vocab", lambda: small(**{"model.vocab_size": -5}), "vocab_size must be >= 0"),
+    ("keep_last beyond the blocks", lambda: small(**{"quant.keep_last": 99}), "exceeds the model's"),
+    ("negative keep_first", lambda: small(**{"quant.keep_first": -1}), "keep_first must be >= 0"),
+    ("malformed curriculum", lambda: small(**{"data.seq_len_schedule": "32;0.5"}), "is not 'seq_len:fraction'"),
+    ("curriculum fraction above 1", lambda: small(**{"data.seq_len_schedule": "16:1.5"}), r"fraction 1.5 must be in \[0, 1\]"),
     ("missing FID checkpoint", lambda: small(task="diffusion", **{
         "model.name": "unet_tiny", "data.source": "digits",
         "diffusion.fid_inception_path": "/no/inception.npz"}), "fid_inception_path"),
@@ -93,6 +113,32 @@ def _with_extra(key, value):
 def test_config_rejects_before_compiling(name, make, match):
   with pytest.raises(ConfigError, match=match):
     validate(make(), device_count=8)
+
+
+def test_every_config_problem_is_reported_at_once():
+  c = small(eval_steps=0, **{"optimizer.lr": float("nan"), "optimizer.b2": 2.0, "mesh.fsdp": 3,
+                             "model.vocab_size": 7})
+  with pytest.raises(ConfigError) as e:
+    validate(c, device_count=8)
+  lines = str(e.value).splitlines()
+  assert lines[0] == "5 problems in the config:"
+  for text in ("eval_steps", "optimizer.lr", "optimizer.b2", "does not divide", "vocab_size 7"):
+    assert sum(text in line for line in lines[1:]) == 1, text
+
+
+def test_train_py_prints_a_config_error_without_a_traceback(tmp_path):
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  cmd = [sys.executable, os.path.join(root, "train.py"), "--config",
+         os.path.join(root, "configs", "llama_tiny_mxfp4.py"), "--config.optimizer.lr=-1",
+         "--config.eval_steps=0", f"--workdir={tmp_path}"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert "Traceback" not in out.stderr
+  assert "2 problems in the config" in out.stderr and "optimizer.lr must be" in out.stderr
 
 
 def test_data_rejects_missing_text_files(tmp_path):
