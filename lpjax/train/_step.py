@@ -1,8 +1,9 @@
 """The train state and the jitted train and eval steps, for any `lpjax.train._tasks.Task`.
 
 One train step: forward and backward through the quantized GEMMs of the active recipe (SR keys
-derived from (seed, step)) of the step's QuantPolicy, optional dynamic loss scaling, a skipped update when the loss or a
-gradient is non-finite, then the optax update. The state is a plain pytree, so orbax saves it
+derived from (seed, step)) of the step's QuantPolicy, optional dynamic loss scaling, then the
+optax update, skipped (state kept) when the loss, a gradient, a new parameter or the new optimizer
+state is non-finite. The state is a plain pytree, so orbax saves it
 and NamedSharding places it.
 
 Examples:
@@ -38,7 +39,7 @@ class TrainState:
   model_state: Any  # non-trained model variables (BatchNorm statistics), or None
   opt_state: Any  # optax state
   loss_scale: Any  # optim.DynamicLossScale, or None
-  skipped: jax.Array  # int32: updates skipped for non-finite loss or gradients, in total
+  skipped: jax.Array  # int32: updates skipped (non-finite loss, gradients or update), in total
   consecutive_skips: jax.Array  # int32: ... in a row, up to now
 
 
@@ -51,6 +52,13 @@ def init_state(params, model_state, tx: optax.GradientTransformation, *,
                     consecutive_skips=zero)
 
 
+def all_finite_floats(tree):
+  """True iff every floating-point leaf of `tree` is finite (int counters and keys are skipped)."""
+  leaves = [x for x in jax.tree.leaves(tree)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+  return optim.all_finite(leaves)
+
+
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
                     nan_only_quantized: bool = False, grad_accum_steps: int = 1,
                     low_precision_policy=None):
@@ -61,7 +69,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
   i + k, ... form microbatch i, so a batch sharded by rows stays local), their gradients are
   averaged, and the optimizer steps once: the same update as one big batch, with about 1/k of the
   activation memory (model_state, e.g. BatchNorm statistics, is threaded through the microbatches).
-  A non-finite loss or gradient skips the update: params, optimizer and model state are kept.
+  A non-finite loss, gradient, new parameter or new optimizer state skips the update: params,
+  optimizer and model state are kept.
   `nan_at_step` injects a NaN loss at that step (with `nan_only_quantized`, only while the run's
   own policy runs: `policy` None or `low_precision_policy`, not a high-precision fallback).
   """
@@ -109,12 +118,16 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
     loss_scale = state.loss_scale
     if loss_scale is not None:
       grads = loss_scale.unscale(grads)
-    finite = optim.all_finite(grads) & jnp.isfinite(loss)
+    grads_finite = optim.all_finite(grads) & jnp.isfinite(loss)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
+    # The whole update is checked, not only its inputs: a NaN learning rate, an optimizer that
+    # divides by zero or an overflowing moment make finite gradients give non-finite parameters.
+    update_finite = all_finite_floats((new_params, new_opt_state))
+    finite = grads_finite & update_finite
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     if loss_scale is not None:
-      loss_scale = loss_scale.adjust(finite)
+      loss_scale = loss_scale.adjust(grads_finite)
     new_state = TrainState(
         step=state.step + 1,
         params=keep(new_params, state.params),
@@ -123,7 +136,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
         loss_scale=loss_scale,
         skipped=state.skipped + (~finite).astype(jnp.int32),
         consecutive_skips=jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32))
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite, **aux}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "finite": finite,
+               "update_finite": update_finite, **aux}
     if loss_scale is not None:
       metrics["loss_scale"] = loss_scale.loss_scale
     return new_state, metrics

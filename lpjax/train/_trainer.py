@@ -5,19 +5,19 @@ state (placed with NamedSharding), resumes from the newest complete checkpoint i
 trains with periodic evaluation (with the training quantization and with quantization off) and
 checkpoints, and writes <workdir>/results.json, metrics.jsonl and TensorBoard event files.
 
-Faults (docs/reliability.md): a non-finite loss or gradient skips the update; after
-`max_consecutive_skips` skips in a row the run rolls back to the last checkpoint with the
-high-precision recipe (`rollback_on_skips`) or stops with an error naming that checkpoint.
-SIGTERM / SIGINT (preemption) write a checkpoint at the end of the current step and exit.
+Faults (docs/reliability.md): a non-finite loss, gradient or update (new parameters or optimizer
+state) skips the update; after `max_consecutive_skips` skips in a row the run rolls back to the
+last checkpoint with the high-precision recipe (`rollback_on_skips`) or stops with an error naming
+that checkpoint. Checkpoints are verified finite before they are written. SIGTERM / SIGINT
+(preemption) write a checkpoint at the end of the current step and exit. A finished run started
+again with the same command reports "already complete" and changes nothing.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import threading
 import time
 
 import jax
@@ -30,6 +30,9 @@ from lpjax.train._checkpoint import Checkpointer
 from lpjax.train._metrics import MetricWriter, Progress
 from lpjax.train._optimizers import make_optimizer
 from lpjax.train._precision import PrecisionController
+from lpjax.train._process import StopSignals, maybe_initialize_distributed
+from lpjax.train._results import read_results, write_results
+from lpjax.train import _step as step_lib
 from lpjax.train._step import TrainState, init_state, make_train_step
 from lpjax.train._tasks import make_task
 
@@ -41,59 +44,16 @@ class TrainingError(RuntimeError):
   """Training cannot continue (e.g. too many non-finite steps in a row)."""
 
 
-def _maybe_initialize_distributed(config):
-  d = config.distributed
-  if not d.initialize:
-    return
-  kwargs = {}
-  if d.coordinator_address:
-    kwargs["coordinator_address"] = d.coordinator_address
-  if d.num_processes > 0:
-    kwargs["num_processes"] = d.num_processes
-  if d.process_id >= 0:
-    kwargs["process_id"] = d.process_id
-  jax.distributed.initialize(**kwargs)
-
-
 def _global_batch(local_batch: dict, sharding) -> dict:
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}
-
-
-class _StopSignals:
-  """Turns SIGTERM / SIGINT into a flag the loop checks after each step (main thread only)."""
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.received = None
-    self._previous = {}
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for sig in self.SIGNALS:
-        self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    if self.received is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop now
-      raise KeyboardInterrupt
-    self.received = signum
-    log.warning("Received %s: checkpointing after this step, then exiting.",
-                signal.Signals(signum).name)
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    return False
 
 
 class Trainer:
   """The pieces of one run; `run()` trains. Notebooks can use the pieces directly."""
 
   def __init__(self, config, workdir: str, *, devices=None):
-    _maybe_initialize_distributed(config)
+    maybe_initialize_distributed(config)
     devices = list(devices) if devices is not None else jax.devices()
     self.config = config = cfg_lib.validate(config, len(devices), jax.process_count())
     self.workdir = os.path.abspath(workdir)
@@ -211,6 +171,9 @@ class Trainer:
     c = self.config
     start_time = time.time()
     state, meta = self.restore_or_init()
+    done = self._results_if_complete(state)
+    if done is not None:
+      return done
     self.precision.load(meta.get("precision", {}))
     rollbacks = int(meta.get("rollbacks", 0))
     writer = MetricWriter(self.workdir, enabled=self.is_main, resume_step=int(state.step))
@@ -221,7 +184,7 @@ class Trainer:
     units = int(meta.get("units", 0))
     last_loss, eval_metrics = float("nan"), {}
     try:
-      with _StopSignals() as signals:
+      with StopSignals() as signals:
         while True:
           try:
             state, units, last_loss, eval_metrics = self._train_until(
@@ -252,10 +215,24 @@ class Trainer:
                    compile_time_s=round(self.compile_seconds, 2), task=c.task, recipe=c.quant.recipe,
                    optimizer=c.optimizer.name, **self.task.describe())
     if self.is_main:
-      tmp = os.path.join(self.workdir, "results.json.tmp")
-      with open(tmp, "w") as f:
-        json.dump(results, f, indent=2)
-      os.replace(tmp, os.path.join(self.workdir, "results.json"))
+      results = write_results(self.workdir, results)
+    return results
+
+  def _results_if_complete(self, state):
+    """The saved results when the workdir's run already reached config.steps, else None.
+
+    A finished run rerun with the same command touches nothing (results.json, metrics.jsonl,
+    checkpoints) and returns its results; with more steps it continues from the checkpoint.
+    """
+    if int(state.step) < self.config.steps:
+      return None
+    results = read_results(self.workdir)
+    if results is None or results.get("steps") != int(state.step):
+      return None
+    log.info("The run in %s is already complete (step %d of %d); nothing was changed. Raise "
+             "--config.steps to train further.", self.workdir, int(state.step), self.config.steps)
+    self.final_state = state
+    self.checkpointer.close()
     return results
 
   def _meta(self, units, rollbacks):
@@ -290,11 +267,14 @@ class Trainer:
                    f"train/{self.task.unit}_per_second": per_second, "train/skipped": skipped,
                    "train/recipe_is_quantized": float(self.precision.is_low_precision(policy))}
         scalars.update({f"train/{k}": float(v) for k, v in m.items()
-                        if k not in ("loss", "grad_norm", "finite")})
+                        if k not in ("loss", "grad_norm", "finite", "update_finite")})
         writer.write(done, scalars)
         if skipped > skipped_logged:
-          log.warning("step %d: %d update(s) skipped for a non-finite loss or gradient (%d in "
-                      "total).", done, skipped - skipped_logged, skipped)
+          why = ("a non-finite loss or gradient" if bool(m.get("update_finite", True))
+                 else "a non-finite update (new parameters or optimizer state; check optimizer.lr "
+                      "and the optimizer's hyperparameters)")
+          log.warning("step %d: %d update(s) skipped for %s (%d in total).", done,
+                      skipped - skipped_logged, why, skipped)
           skipped_logged = skipped
         if int(state.consecutive_skips) >= c.max_consecutive_skips:
           progress.close()
@@ -304,13 +284,22 @@ class Trainer:
         progress.restart_clock()
       if ((c.checkpoint_every and done % c.checkpoint_every == 0) or done == end_step
           or signals.received):
-        self.checkpointer.save(done, state, self._meta(units, rollbacks))
+        self._save(done, state, units, rollbacks)
       if signals.received:
         log.warning("Stopped by %s at step %d; the checkpoint resumes from there.",
                     signal.Signals(signals.received).name, done)
         break
     progress.close()
     return state, units, last_loss, eval_metrics
+
+  def _save(self, step, state, units, rollbacks):
+    """Checkpoints `state`, verified finite first: a checkpoint never holds non-finite parameters
+    or optimizer state (the train step skips such updates, so this only fails on a broken init)."""
+    if not bool(step_lib.all_finite_floats((state.params, state.opt_state))):
+      raise TrainingError(f"The parameters or optimizer state at step {step} are non-finite, so no "
+                          "checkpoint was written; the previous one is intact. Check the model's "
+                          "initialization and optimizer hyperparameters.")
+    self.checkpointer.save(step, state, self._meta(units, rollbacks))
 
   def _too_many_skips(self, state, done, rollbacks, writer):
     c = self.config
@@ -319,6 +308,11 @@ class Trainer:
     if c.rollback_on_skips and rollbacks < c.max_rollbacks and last_good is not None:
       template = self.init_state()
       step, restored, meta = self.checkpointer.restore_latest(template)
+      if not bool(step_lib.all_finite_floats((restored.params, restored.opt_state))):
+        raise TrainingError(  # only a checkpoint written before saves were verified can be
+            f"{int(state.consecutive_skips)} non-finite steps in a row at step {done}, and the "
+            f"checkpoint of step {step} holds non-finite values, so there is nothing good to roll "
+            f"back to in {self.checkpointer.directory}. Start a new workdir.")
       self.precision.load(meta.get("precision", {}))
       self.precision.force_fallback(step)
       log.warning("%d non-finite steps in a row at step %d: rolled back to the checkpoint of step "

@@ -75,3 +75,40 @@ def test_rollback_gives_up_after_max_rollbacks(tmp_path):
                         "rollback_on_skips": True, "max_rollbacks": 1})
   with pytest.raises(TrainingError, match="non-finite steps in a row"):
     Trainer(c, str(tmp_path)).run()  # the NaN recurs in the fallback recipe too
+
+
+def test_a_non_finite_update_is_skipped_like_a_non_finite_gradient():
+  """A NaN learning rate: finite loss and gradients, non-finite new parameters -> skipped."""
+  import jax.numpy as jnp
+  import optax
+
+  from lpjax.train._step import init_state, make_train_step
+
+  params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+  loss_fn = lambda p, ms, batch, key, policy: (jnp.sum(p["w"] ** 2) + jnp.sum(p["b"]), (ms, {}))
+  for tx in (optax.sgd(float("nan")), optax.adam(1e-3, b1=1.0, b2=1.0)):
+    state = init_state(params, {}, tx)
+    step = jax.jit(make_train_step(loss_fn, tx), static_argnums=3)
+    new, m = step(state, {}, jax.random.key(0), None)
+    assert bool(jnp.isfinite(m["loss"])) and not bool(m["update_finite"])
+    assert not bool(m["finite"]) and int(new.skipped) == 1 and int(new.consecutive_skips) == 1
+    assert same(new.params, params) and same(new.opt_state, state.opt_state)
+
+
+def test_an_overflowing_update_stops_without_a_non_finite_checkpoint(tmp_path, caplog):
+  # lr = 3e38 passes validation (finite); Adam's first update moves weights by ~3e38, the next
+  # one overflows them to Inf: finite loss and gradients, non-finite update, skipped.
+  c = small(steps=6, **{"max_consecutive_skips": 2, "checkpoint_every": 1})
+  Trainer(c, str(tmp_path)).run(stop_after=1)  # one good step, checkpointed
+  c.optimizer.lr, c.optimizer.warmup_steps = 3e38, 0
+  run = Trainer(c, str(tmp_path))
+  with pytest.raises(TrainingError, match="non-finite steps in a row"):
+    run.run()
+  assert "non-finite update" in caplog.text
+  ckpt = run.checkpointer
+  for step in ckpt.all_steps():  # every checkpoint holds finite parameters and optimizer state
+    state, _ = ckpt.restore(step, run.init_state())
+    assert all(np.isfinite(np.asarray(x)).all()
+               for x in jax.tree.leaves((state.params, state.opt_state))
+               if np.issubdtype(np.asarray(x).dtype, np.floating))
+  ckpt.close()
