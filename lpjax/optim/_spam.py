@@ -15,6 +15,7 @@ import optax
 import optax.tree
 
 from lpjax.optim import _low_precision_state as low_precision_state
+from lpjax.optim._checks import check_hyperparameters
 
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
 
@@ -100,6 +101,9 @@ def scale_by_spam(
     Huang et al., `SPAM: Spike-Aware Adam with Momentum Reset for Stable LLM Training
     <https://arxiv.org/abs/2501.06842>`_, ICLR 2025.
   """
+  check_hyperparameters("spam", decays=dict(b1=b1, b2=b2), eps=eps,
+                        reset_interval=reset_interval,
+                        dtypes=dict(mu_dtype=mu_dtype, nu_dtype=nu_dtype))
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
 

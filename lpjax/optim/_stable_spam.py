@@ -21,6 +21,7 @@ import optax
 import optax.tree
 
 from lpjax.optim import _low_precision_state as low_precision_state
+from lpjax.optim._checks import check_hyperparameters
 
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
 
@@ -137,6 +138,10 @@ def scale_by_stable_spam(
     Huang et al., `Stable-SPAM: How to Train in 4-Bit More Stably than 16-Bit Adam
     <https://arxiv.org/abs/2502.17055>`_, 2025.
   """
+  check_hyperparameters("stable_spam", decays=dict(b1=b1, b2=b2, gamma1=gamma1, gamma2=gamma2,
+                                                   gamma3=gamma3),
+                        eps=eps, total_steps=total_steps, reset_interval=reset_interval,
+                        dtypes=dict(mu_dtype=mu_dtype, nu_dtype=nu_dtype))
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
 

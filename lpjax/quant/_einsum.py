@@ -15,7 +15,15 @@ from lpjax.quant._gemm import dot_general, operand_stats
 
 
 def parse_einsum(subscripts: str, lhs_ndim: int, rhs_ndim: int):
+  if not isinstance(subscripts, str):
+    raise TypeError(f"einsum subscripts must be a string like 'bd,df->bf', got {subscripts!r}.")
   spec = subscripts.replace(" ", "")
+  bad = sorted(set(c for c in spec.replace("->", "").replace("...", "")
+                   if not (c.isalpha() or c == ",")))
+  if spec.count("->") > 1 or bad:
+    raise ValueError(f"einsum {subscripts!r} is malformed: write 'lhs,rhs->out' with letters for "
+                     f"indices (and '...'), e.g. 'bd,df->bf'" +
+                     (f"; unexpected {', '.join(map(repr, bad))}." if bad else "."))
   if "->" in spec:
     ins, out = spec.split("->")
   else:
@@ -40,6 +48,10 @@ def parse_einsum(subscripts: str, lhs_ndim: int, rhs_ndim: int):
   elif "..." in out:
     out = out.replace("...", ell or "")
   a, b = terms
+  stray = sorted(set(out) - set(a) - set(b))
+  if stray or len(set(out)) != len(out):
+    raise ValueError(f"einsum {subscripts!r}: every output index must appear once and in an "
+                     f"operand" + (f"; {', '.join(map(repr, stray))} is in neither." if stray else "."))
   for t, nd in ((a, lhs_ndim), (b, rhs_ndim)):
     if len(t) != nd:
       raise ValueError(f"einsum {subscripts!r}: term {t!r} does not match an operand of rank {nd}.")

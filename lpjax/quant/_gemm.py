@@ -234,10 +234,29 @@ def _qgemm(cfg: _Static, lhs_dtype, rhs_dtype):
 # --- general dot_general -> canonical form ---------------------------------------------------------
 
 
+def _checked_dims(dimension_numbers, lhs_ndim: int, rhs_ndim: int):
+  """The four dimension tuples, non-negative; a clear ValueError for a malformed or out-of-range one."""
+  try:
+    (lc, rc), (lb, rb) = dimension_numbers
+    dims = [tuple(int(d) for d in t) for t in (lc, rc, lb, rb)]
+  except (TypeError, ValueError):
+    raise ValueError(
+        f"dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), "
+        f"tuples of ints as for jax.lax.dot_general, e.g. (((1,), (0,)), ((), ())); got "
+        f"{dimension_numbers!r}.") from None
+  out = []
+  for name, t, nd in zip(("lhs contracting", "rhs contracting", "lhs batch", "rhs batch"), dims,
+                         (lhs_ndim, rhs_ndim, lhs_ndim, rhs_ndim)):
+    for d in t:
+      if not -nd <= d < nd:
+        raise ValueError(f"dimension_numbers {dimension_numbers!r}: {name} dimension {d} is out "
+                         f"of range for an operand of rank {nd}.")
+    out.append([d % nd for d in t])
+  return out
+
+
 def _canonical(lhs, rhs, dimension_numbers):
-  (lc, rc), (lb, rb) = dimension_numbers
-  lc, rc, lb, rb = ([int(d) % x.ndim for d in dims] for x, dims in
-                    ((lhs, lc), (rhs, rc), (lhs, lb), (rhs, rb)))
+  lc, rc, lb, rb = _checked_dims(dimension_numbers, lhs.ndim, rhs.ndim)
   if len(lc) != len(rc) or len(lb) != len(rb):
     raise ValueError(f"dimension_numbers {dimension_numbers}: lhs and rhs need as many contracting "
                      "and batch dimensions.")

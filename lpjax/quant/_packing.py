@@ -31,7 +31,7 @@ def pack_fp4(codes, axis: int = -1):
   n = codes.shape[-1]
   if n % 2:
     codes = jnp.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
-  pairs = (codes & 0xF).reshape(codes.shape[:-1] + (-1, 2))
+  pairs = (codes & 0xF).reshape(codes.shape[:-1] + (codes.shape[-1] // 2, 2))  # no -1: empty ok
   # Each pair as one little-endian uint16 (element 2i the low byte): a contiguous, vectorizable
   # pass instead of two strided reads per output byte. jnp's view keeps that byte order on every
   # backend (it is defined on the host's little-endian layout, as numpy's .view is).
@@ -50,5 +50,5 @@ def unpack_fp4(packed, n: int, axis: int = -1):
     raise ValueError(f"n={n} does not fit {packed.shape[axis]} packed bytes along axis {axis}.")
   packed = jnp.moveaxis(packed, axis, -1)
   nibbles = jnp.stack([packed & 0xF, packed >> 4], axis=-1)
-  nibbles = nibbles.reshape(packed.shape[:-1] + (-1,))[..., :n]
+  nibbles = nibbles.reshape(packed.shape[:-1] + (2 * packed.shape[-1],))[..., :n]
   return jnp.moveaxis(nibbles, -1, axis)

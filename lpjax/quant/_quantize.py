@@ -162,6 +162,8 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
   if backend is not None:
     return backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
                             tensor_amax=tensor_amax)
+  if x.size == 0:
+    return _empty_qarray(x, fmt, axis)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
   layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
                                 fast.use_fast_path(fmt, rounding))
@@ -172,6 +174,20 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
   scales = fb.from_bits(scales) if fmt.scale == "fp32" else scales.astype(jnp.uint8)
   tensor_scale = None if enc.tensor_amax_bits is None else fb.from_bits(enc.tensor_amax_bits)
   zeros = None if enc.zeros is None else layout.scales_out(enc.zeros)
+  return QArray(codes=codes, scales=scales, tensor_scale=tensor_scale, zeros=zeros, fmt=fmt,
+                shape=tuple(x.shape), axis=layout.axis, dtype=x.dtype)
+
+
+def _empty_qarray(x, fmt, axis) -> QArray:
+  """The QArray of an empty x: codes and scales of the usual shapes, with no elements."""
+  layout = GroupLayout.make(fmt, x.shape, axis)
+  codes = jnp.zeros(x.shape, jnp.uint8)
+  if fmt.element.is_packed:
+    codes = pack_fp4(codes, axis=layout.axis) if x.ndim else codes
+  scale_dtype = jnp.float32 if fmt.scale == "fp32" else jnp.uint8
+  scales = jnp.zeros(layout.scale_shape, scale_dtype)
+  tensor_scale = jnp.zeros((), jnp.float32) if fmt.tensor_scale else None
+  zeros = jnp.zeros(layout.scale_shape, jnp.float32) if fmt.element.kind == "uint" else None
   return QArray(codes=codes, scales=scales, tensor_scale=tensor_scale, zeros=zeros, fmt=fmt,
                 shape=tuple(x.shape), axis=layout.axis, dtype=x.dtype)
 
@@ -188,6 +204,8 @@ def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array
   if backend is not None:
     return backend.dequantize(q, dtype)
   layout = q.layout
+  if math.prod(q.shape) == 0:
+    return jnp.zeros(q.shape, dtype)
   codes = q.codes
   if q.fmt.element.is_packed:
     codes = unpack_fp4(codes, q.shape[layout.axis] if q.shape else 1, axis=layout.axis)
@@ -239,6 +257,9 @@ def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
   if backend is not None:
     return backend.fake_quant(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode,
                               key=key, tensor_amax=tensor_amax)
+  if x.size == 0:
+    GroupLayout.make(fmt, x.shape, axis)  # the same checks of the axis as a non-empty x
+    return x
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
   if tensor_amax is not None:
     tensor_amax = jax.lax.stop_gradient(jnp.asarray(tensor_amax, jnp.float32))

@@ -33,11 +33,17 @@ def fmix32(h):
 def key_words(key):
   """Two uint32 words from a jax.random key (typed or raw uint32 key data)."""
   if jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+    if key.shape != ():
+      raise ValueError(f"key must be one jax.random key, got an array of keys of shape {key.shape}; "
+                       "pass one (e.g. keys[0]), or jax.vmap over the keys.")
     data = jax.random.key_data(key)
   else:
     data = jnp.asarray(key)
     if data.dtype != jnp.uint32:
       raise TypeError(f"key must be a jax.random key or uint32 key data, got dtype {data.dtype}.")
+    if data.ndim != 1 or data.shape[0] < 2:
+      raise ValueError(f"raw uint32 key data must have shape (2,) (or (4,) for 'rbg' keys), got "
+                       f"{data.shape}; use jax.random.key(seed).")
   data = data.reshape(-1)
   k0 = data[0]
   k1 = data[-1]

@@ -4,6 +4,7 @@ the problem (and, where there is one, the fix). One table per entry point."""
 
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from config_helpers import small
 
-from lpjax import quant
+from lpjax import optim, quant
 from lpjax.quant import recipes
 from lpjax.train import ConfigError, validate
 
@@ -33,7 +34,49 @@ QUANT_CASES = [
     ("nf4 with SR", lambda: quant.quantize(X, "nf4", rounding="stochastic",
                                            key=jnp.zeros((2,), jnp.uint32)), ValueError,
      "nearest_even"),
+    ("contracting dim out of range", lambda: quant.dot_general(
+        X, jnp.ones((64, 8)), (((2,), (0,)), ((), ())), "bf16"), ValueError,
+     "lhs contracting dimension 2 is out of range for an operand of rank 2"),
+    ("malformed dimension_numbers", lambda: quant.dot_general(
+        X, jnp.ones((64, 8)), ((1,), (0,)), "bf16"), ValueError,
+     r"dimension_numbers must be \(\(lhs_contracting"),
+    ("einsum with two arrows", lambda: quant.einsum("ab,bc->ac->a", X, jnp.ones((64, 8)),
+                                                   recipe="bf16"), ValueError, "is malformed"),
+    ("einsum with a stray character", lambda: quant.einsum("ab,b1->a", X, jnp.ones((64, 8)),
+                                                          recipe="bf16"), ValueError, "'1'"),
+    ("einsum output index in no operand", lambda: quant.einsum("ab,bc->az", X, jnp.ones((64, 8)),
+                                                              recipe="bf16"), ValueError, "'z'"),
+    ("a batch of keys", lambda: quant.fake_quant(X, "mxfp4", rounding="stochastic",
+                                                 key=jax.random.split(jax.random.key(0), 3)),
+     ValueError, "one jax.random key, got an array of keys of shape"),
+    ("empty raw key", lambda: quant.fake_quant(X, "mxfp4", rounding="stochastic",
+                                               key=jnp.zeros((0,), jnp.uint32)),
+     ValueError, "raw uint32 key data must have shape"),
 ]
+
+OPTIM_CASES = [
+    ("b1 of 1", lambda: optim.stable_spam(1e-3, b1=1.0), r"b1 must be in \[0, 1\)"),
+    ("gamma1 of 1", lambda: optim.stable_spam(1e-3, gamma1=1.0), r"gamma1 must be in \[0, 1\)"),
+    ("negative total_steps", lambda: optim.stable_spam(1e-3, total_steps=-1), "total_steps must be positive"),
+    ("integer mu_dtype", lambda: optim.stable_spam(1e-3, mu_dtype=jnp.int32), "floating dtype"),
+    ("spam b2 of 1", lambda: optim.spam(1e-3, b2=1.0), r"b2 must be in \[0, 1\)"),
+    ("negative eps", lambda: optim.spam(1e-3, eps=-1e-8), "eps must be a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize("name,call,match", OPTIM_CASES, ids=[c[0] for c in OPTIM_CASES])
+def test_optim_rejects(name, call, match):
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8_e4m3", "int8_channel", "uint4_g128"])
+@pytest.mark.parametrize("shape", [(0, 32), (4, 0), (0,)])
+def test_empty_arrays_quantize_to_empty_results(fmt, shape):
+  x = jnp.zeros(shape, jnp.float32)
+  q = quant.quantize(x, fmt)
+  assert quant.dequantize(q).shape == shape and quant.fake_quant(x, fmt).shape == shape
+  assert q.codes.size == 0 and q.shape == shape
 
 
 @pytest.mark.parametrize("name,call,error,match", QUANT_CASES, ids=[c[0] for c in QUANT_CASES])
