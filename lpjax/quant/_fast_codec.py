@@ -2,7 +2,7 @@
 
 The exact codec (`_codec.py` with `_fp32_bits.py`) emulates every per-element step with integer
 operations, ~90 (MXFP4) to ~160 (NVFP4) of them, because XLA:CPU flushes float32 subnormals to
-zero. This module does the per-element work in float32 with about 25 operations, and is
+zero. This module does the per-element work with a few dozen vectorizable float32 operations, and is
 bit-identical to the exact codec. Per-group values are computed once per block: e8m0 exponents
 with the integer routines (a few operations), NVFP4's two-level scales in float32 too
 (`_fast_scales.py`, which falls back to the integer routines for tensors it cannot prove exact).
