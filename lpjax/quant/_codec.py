@@ -1,8 +1,10 @@
 """Encode and decode a grouped array: scales per group, element codes per element.
 
 Works on the grouped view of `layout.GroupLayout` (a reduction over `reduce_axes` with keepdims
-gives the per-group values). All arithmetic is exact integer arithmetic on float32 bits
-(`fp32_bits`), except for the asymmetric uint4 format (see `_encode_uint4`).
+gives the per-group values). With fast_path=False every step is exact integer arithmetic on
+float32 bits (`fp32_bits`), except for the asymmetric uint4 format (see `_encode_uint4`); with
+fast_path=True the per-element work (and NVFP4's block scales) runs in float32 with the same bits
+(`_fast_codec`, `_fast_scales`).
 
 Examples:
   >>> import jax.numpy as jnp
