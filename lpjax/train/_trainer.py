@@ -8,7 +8,7 @@ checkpoints, and writes <workdir>/results.json, metrics.jsonl and TensorBoard ev
 Faults (docs/reliability.md): a non-finite loss, gradient or update (new parameters or optimizer
 state) skips the update; after `max_consecutive_skips` skips in a row the run rolls back to the
 last checkpoint with the high-precision recipe (`rollback_on_skips`) or stops with an error naming
-that checkpoint. Checkpoints are verified finite before they are written. SIGTERM / SIGINT
+that checkpoint, so checkpoints only ever hold finite values. SIGTERM / SIGINT
 (preemption) write a checkpoint at the end of the current step and exit. A finished run started
 again with the same command reports "already complete" and changes nothing.
 """
@@ -293,12 +293,8 @@ class Trainer:
     return state, units, last_loss, eval_metrics
 
   def _save(self, step, state, units, rollbacks):
-    """Checkpoints `state`, verified finite first: a checkpoint never holds non-finite parameters
-    or optimizer state (the train step skips such updates, so this only fails on a broken init)."""
-    if not bool(step_lib.all_finite_floats((state.params, state.opt_state))):
-      raise TrainingError(f"The parameters or optimizer state at step {step} are non-finite, so no "
-                          "checkpoint was written; the previous one is intact. Check the model's "
-                          "initialization and optimizer hyperparameters.")
+    """Checkpoints `state`. Its parameters and optimizer state are finite by construction: the
+    train step never applies a non-finite update (and a rollback verifies what it restores)."""
     self.checkpointer.save(step, state, self._meta(units, rollbacks))
 
   def _too_many_skips(self, state, done, rollbacks, writer):
