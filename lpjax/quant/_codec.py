@@ -63,6 +63,11 @@ class Encoded:
   values: Any = None  # fast path with want_values: float32 bits of the dequantized values
 
 
+def _bad_group_masks(bad):
+  """Per-group (keep, nan) uint32 masks: bits & keep | nan is NaN in groups with a NaN / Inf."""
+  return (jnp.where(bad, U32(0), U32(0xFFFFFFFF)), jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0)))
+
+
 def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, random_bits,
                    opaque_zero, want_values, power_of_two=False):
   """The fast element path (`_fast_codec`): (codes, dequantized value bits or None).
@@ -71,9 +76,8 @@ def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, ran
   select, which LLVM turns into a branch that stops XLA:CPU's loop from vectorizing.
   """
   negative = (x_bits >> 31) != 0
-  keep = jnp.where(bad, U32(0), U32(0xFFFFFFFF))
-  nan = jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))
-  s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + (keep, nan), opaque_zero)
+  s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + _bad_group_masks(bad),
+                                    opaque_zero)
   v = fast.scaled_magnitude(abs_bits, s, s_sub)
   mag, value = fast.round_magnitude(v, element, rounding, negative=negative,
                                     random_bits=random_bits, nonzero=abs_bits != 0)
@@ -272,8 +276,6 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=F
       negative, sig, exp = sc.decode_sig_exp(codes, element.name)
       out = fb.mul_small(sig, exp, negative, multiplier)
   if fast_path:  # per-group masks, not a per-element select (see _fast_elements)
-    keep, nan = materialize((jnp.where(bad, U32(0), U32(0xFFFFFFFF)),
-                             jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))),
-                            codes.reshape(-1)[0] >> 31)
+    keep, nan = materialize(_bad_group_masks(bad), codes.reshape(-1)[0] >> 31)
     return (out & keep) | nan
   return jnp.where(bad, U32(sc.F32_NAN_BITS), out)
