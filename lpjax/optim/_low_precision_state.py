@@ -18,6 +18,18 @@ import jax.numpy as jnp
 _LOW_HALF = 16  # float32 has 16 more mantissa bits than bfloat16
 
 
+def float_dtype(dtype) -> jnp.dtype:
+  """`dtype` if it is floating, else float32: integer params get float moments and float updates
+  (as optax.adam gives them), not ones truncated to zero."""
+  return jnp.dtype(dtype) if jnp.issubdtype(dtype, jnp.inexact) else jnp.dtype(jnp.float32)
+
+
+def zero_moments(params, dtype=None):
+  """Zeros shaped like `params`, in `dtype` (None: each param's `float_dtype`)."""
+  return jax.tree.map(
+      lambda p: jnp.zeros(jnp.shape(p), float_dtype(p.dtype) if dtype is None else dtype), params)
+
+
 def stochastic_round_to_bf16(x: jax.Array, key: jax.Array) -> jax.Array:
   """Rounds ``x`` to bfloat16, up with probability equal to the discarded fraction of an ulp.
 

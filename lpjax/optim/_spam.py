@@ -110,8 +110,8 @@ def scale_by_spam(
   def init_fn(params):
     return ScaleBySpamState(
         count=jnp.zeros([], jnp.int32),
-        mu=optax.tree.zeros_like(params, dtype=mu_dtype),
-        nu=optax.tree.zeros_like(params, dtype=nu_dtype),
+        mu=low_precision_state.zero_moments(params, mu_dtype),
+        nu=low_precision_state.zero_moments(params, nu_dtype),
     )
 
   def update_fn(updates, state, params=None):
@@ -144,7 +144,7 @@ def scale_by_spam(
       tf = t.astype(dt)
       step_size = jnp.sqrt(1 - b2**tf) / (1 - b1**tf) * w
       update = step_size * (m / (jnp.sqrt(v) + eps))
-      return update.astype(g.dtype), m, v
+      return update.astype(low_precision_state.float_dtype(g.dtype)), m, v
 
     results = [one_tensor(*xs) for xs in zip(grads, mus, nus)]
     new_mu = [r[1] for r in results]

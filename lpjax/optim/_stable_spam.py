@@ -150,8 +150,8 @@ def scale_by_stable_spam(
     return ScaleByStableSpamState(
         count=jnp.zeros([], jnp.int32),
         step=jnp.zeros([], jnp.int32),
-        mu=optax.tree.zeros_like(params, dtype=mu_dtype),
-        nu=optax.tree.zeros_like(params, dtype=nu_dtype),
+        mu=low_precision_state.zero_moments(params, mu_dtype),
+        nu=low_precision_state.zero_moments(params, nu_dtype),
         max_ema=jax.tree.map(stat, params),
         norm_ema=jax.tree.map(stat, params),
         norm_sq_ema=jax.tree.map(stat, params),
@@ -205,7 +205,7 @@ def scale_by_stable_spam(
         m = jnp.where(is_reset, 0, m)
         v = jnp.where(is_reset, 0, v)
       # Hyperparameters given as wider arrays must not widen the state (one jit trace).
-      return (update.astype(g.dtype), m, v, max_ema.astype(old_max_ema.dtype),
+      return (update.astype(low_precision_state.float_dtype(g.dtype)), m, v, max_ema.astype(old_max_ema.dtype),
               norm_ema.astype(old_norm_ema.dtype), norm_sq_ema.astype(old_norm_sq_ema.dtype))
 
     results = [one_tensor(*xs) for xs in zip(grads, *flat)]

@@ -138,13 +138,18 @@ def _encode_uint4(x, reduce_axes, rounding, random_bits):
   unorder = lambda k: jnp.where((k >> 31) != 0, k & U32(0x7FFFFFFF), ~k)
   lo = fb.from_bits(unorder(jnp.min(order, axis=reduce_axes, keepdims=True)))
   hi = fb.from_bits(unorder(jnp.max(order, axis=reduce_axes, keepdims=True)))
-  span = hi - lo
+  # A group spanning more than FLT_MAX (hi - lo overflows) is computed at half scale: halving is
+  # exact for these magnitudes (|lo|, |hi| > 1e31), so the codes are those of unbounded float32.
+  half = jnp.isinf(hi - lo) & ~jnp.isnan(hi - lo)
+  h = jnp.where(half, jnp.float32(0.5), jnp.float32(1.0))
+  span = hi * h - lo * h
   enc = jnp.where(span > 0, jnp.float32(15.0) / span, jnp.float32(1.0))
-  v = fb.to_bits((xf - lo) * enc)
+  v = fb.to_bits((xf * h - lo * h) * enc)
   negative, sig, exp = fb.split(v)
   grid = fb.Grid.for_element(formats.ELEMENT_FORMATS["uint4"])
   codes = fb.round_to_grid(sig, exp, grid, rounding, negative=negative, random_bits=random_bits)
-  return codes, fb.to_bits(jnp.float32(1.0) / enc), lo
+  scale = (jnp.float32(1.0) / enc) * jnp.where(half, jnp.float32(2.0), jnp.float32(1.0))
+  return codes, fb.to_bits(scale), lo
 
 
 def _finite_tensor_amax(x_bits, block_amax):
@@ -247,7 +252,15 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=F
     # add), then + lo in float32 (which flushes a subnormal lo on XLA:CPU; see docs/quant.md).
     product = fb.mul_small(codes.astype(U32), jnp.zeros(codes.shape, jnp.int32),
                            jnp.zeros(codes.shape, bool), scales)
-    return fb.to_bits(fb.from_bits(product) + zeros)
+    plain = fb.from_bits(product) + zeros
+    # Where that overflows (a group spanning more than FLT_MAX): at half scale, then doubled and
+    # saturated; the same value as unbounded float32 arithmetic, clamped to +-FLT_MAX.
+    half = fb.mul_small(codes.astype(U32), jnp.zeros(codes.shape, jnp.int32),
+                        jnp.zeros(codes.shape, bool), fb.to_bits(fb.from_bits(scales) * 0.5))
+    flt_max = jnp.float32(np.finfo(np.float32).max)
+    halved = jnp.clip((fb.from_bits(half) + zeros * jnp.float32(0.5)) * jnp.float32(2.0),
+                      -flt_max, flt_max)
+    return fb.to_bits(jnp.where(jnp.isinf(plain), halved, plain))
   if fmt.scale == "e8m0":
     bad = scales == sc.E8M0_NAN
     if fast_path:

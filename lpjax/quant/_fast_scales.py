@@ -12,8 +12,9 @@ operation on normal numbers, i.e. the same value (with s_b_val in [2**-9, 448] o
 - t = fl32(s_b_val * fl32(1 / S_enc)): fl32(1 / S_enc) = amax_t / 2688 rounded, so with amax_t
   >= 2**-100, t >= 2**-9 * 2**-112 is normal, and t <= FLT_MAX / 6.
 - S_enc_b = min(fl32(1 / t), FLT_MAX), FLT_MAX when t == 0: 1 / t >= 6 / FLT_MAX is normal.
-- decode multiplier fl32(fl32(s_b_val * amax_t) * fl32(1/2688)): >= 2**-120 when not 0; an
-  overflow to inf is IEEE's in both.
+- decode multiplier fl32(fl32(s_b_val * amax_t) * fl32(1/2688)): >= 2**-120 when not 0; for
+  amax_t >= 2**64 both paths form it at amax_t * 2**-64 and scale the result back by 2**64
+  (exact: every intermediate is normal), so it never overflows.
 
 `block_scales` picks this path per tensor with `lax.cond` and falls back to `_scales` otherwise.
 """
@@ -42,11 +43,16 @@ def in_range(amax_t_bits):
 def _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale):
   if not use_tensor_scale:
     return fb.to_bits(s_b_val)
-  h = s_b_val * fb.from_bits(amax_t_bits)
+  # amax_t >= 2**64 (a per-tensor choice): the product at amax_t * 2**-64, scaled back after
+  # (powers of two, exact on these normal values), so it cannot overflow (§5).
+  big = amax_t_bits >= U32(sc.BIG_AMAX_T_BITS)
+  down = jnp.where(big, jnp.float32(2.0**-64), jnp.float32(1.0))
+  up = jnp.where(big, jnp.float32(2.0**64), jnp.float32(1.0))
+  h = s_b_val * (fb.from_bits(amax_t_bits) * down)
   # XLA rewrites (a * C1) * C2 as a * (C1 * C2) when amax_t is a compile-time constant; a K that
   # XLA cannot prove constant (h >= 0, so its sign bit is 0) keeps the contract's order.
   k = fb.from_bits(U32(sc.f32_const_bits(1.0 / 2688.0)) | (fb.to_bits(h) >> 31))
-  g = h * k
+  g = (h * k) * up
   return jnp.where(amax_t_bits == 0, fb.to_bits(s_b_val), fb.to_bits(g))
 
 

@@ -82,14 +82,24 @@ def nvfp4_block_scales(amax_block_bits, s_enc_bits):
   return s_b, s_enc_b
 
 
+BIG_AMAX_T_BITS = 0x5F800000  # float32 bits of 2**64: from here the decode product is rescaled
+
+
 def nvfp4_decode_scale(s_b, amax_t_bits, use_tensor_scale: bool):
   """Per-block decode multiplier bits: (fl32(s_b) * amax_t) * fl32(1/2688), or s_b (§5)."""
   negative, sig, exp = decode_sig_exp(s_b, "e4m3")
   s_b_bits = fb.pack_fp32(negative, sig, exp)
   if not use_tensor_scale:
     return s_b_bits
-  g = fb.mul(fb.mul_small(sig, exp, negative, amax_t_bits),
+  # amax_t >= 2**64: the product is formed at amax_t * 2**-64 and the result scaled back, so a
+  # huge amax_t cannot overflow it (same bits wherever the plain product is finite; §5).
+  big = amax_t_bits >= jnp.uint32(BIG_AMAX_T_BITS)
+  shift = jnp.uint32(64 << 23)
+  g = fb.mul(fb.mul_small(sig, exp, negative, jnp.where(big, amax_t_bits - shift, amax_t_bits)),
              jnp.uint32(f32_const_bits(1.0 / 2688.0)))
+  g = jnp.where(big & ((g & jnp.uint32(fb.ABS_MASK)) != 0) & ((g & jnp.uint32(fb.ABS_MASK))
+                                                               < jnp.uint32(fb.INF_BITS)),
+                g + shift, g)
   return jnp.where(amax_t_bits == 0, s_b_bits, g)
 
 

@@ -463,7 +463,12 @@ def _nv_decode_mult(s_b, amax_t, tensor_scale):
     amax_t = F32(amax_t)
     if amax_t == 0:
       return s_b.astype(np.float32)
-    return ((s_b.astype(np.float32) * amax_t) * (F32(1) / F32(2688))).astype(np.float32)
+    # amax_t >= 2**64: (s_b * amax_t) is formed at amax_t * 2**-64 and scaled back after the
+    # multiply by fl32(1/2688): the same bits wherever fl32(s_b * amax_t) is finite, and finite
+    # where it would overflow.
+    k = F32(2.0**64) if amax_t >= F32(2.0**64) else F32(1)
+    return ((((s_b.astype(np.float32) * (amax_t / k)).astype(np.float32)
+              * (F32(1) / F32(2688))).astype(np.float32)) * k).astype(np.float32)
 
 
 def _nv_blocks(xb, elem, rounding, rb, amax_t, tensor_scale):
@@ -518,15 +523,24 @@ def _uint_blocks(xb, elem, rounding, rb):
   with np.errstate(all="ignore"):
     lo = xb.min(axis=-1).astype(np.float32)
     hi = xb.max(axis=-1).astype(np.float32)
-    d = (hi - lo).astype(np.float32)
+    # A span above FLT_MAX: the group at half scale (exact halving), scale doubled back.
+    h = np.where(np.isposinf((hi - lo).astype(np.float32)), F32(0.5), F32(1)).astype(np.float32)
+    lo_h, hi_h = (lo * h).astype(np.float32), (hi * h).astype(np.float32)
+    d = (hi_h - lo_h).astype(np.float32)
     enc = np.where(hi == lo, F32(1), F32(15) / d).astype(np.float32)
-    v = ((xb - lo[..., None]).astype(np.float32) * enc[..., None]).astype(np.float32)
-    scale = (F32(1) / enc).astype(np.float32)
+    v = (((xb * h[..., None]).astype(np.float32) - lo_h[..., None]).astype(np.float32)
+         * enc[..., None]).astype(np.float32)
+    scale = ((F32(1) / enc).astype(np.float32) / h).astype(np.float32)
   val_int, codes = round_int(elem, v.astype(np.float64), rounding, rb)
   codes = np.where(nonfinite[..., None], np.uint8(0), codes).astype(np.uint8)
   with np.errstate(all="ignore"):
     val = ((val_int.astype(np.float32) * scale[..., None]).astype(np.float32)
            + lo[..., None]).astype(np.float32)
+    # Where that overflows: at half scale, doubled and saturated to +-FLT_MAX.
+    halved = ((val_int.astype(np.float32) * (scale * F32(0.5)).astype(np.float32)[..., None])
+              .astype(np.float32) + (lo * F32(0.5)).astype(np.float32)[..., None]).astype(np.float32)
+    halved = np.clip((halved * F32(2)).astype(np.float32), -FLT_MAX, FLT_MAX).astype(np.float32)
+    val = np.where(np.isinf(val), halved, val).astype(np.float32)
   val = np.where(nonfinite[..., None], np.float32(np.nan), val)
   scale = np.where(nonfinite, np.float32(np.nan), scale).astype(np.float32)
   return codes, scale, lo, val

@@ -70,6 +70,31 @@ def test_optim_rejects(name, call, match):
     call()
 
 
+@pytest.mark.parametrize("make", [optim.stable_spam, optim.spam], ids=["stable_spam", "spam"])
+def test_integer_params_move_as_optax_adam_moves_them(make):
+  # Integer leaves used to get float moments truncated to int: every update was -0.0.
+  import optax
+  params = {"w": jnp.array([1, 2, 3], jnp.int32), "f": jnp.ones(2)}
+  grads = {"w": jnp.array([1, -1, 0], jnp.int32), "f": jnp.ones(2)}
+  tx, adam = make(0.1), optax.adam(0.1)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  reference, _ = adam.update(grads, adam.init(params), params)
+  assert updates["w"].dtype == jnp.float32
+  np.testing.assert_allclose(updates["w"], reference["w"], rtol=1e-4)  # -0.1, +0.1, 0
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "uint4_g128"])
+@pytest.mark.parametrize("magnitude", [3e38])
+def test_finite_inputs_below_flt_max_quantize_to_finite_values(fmt, magnitude):
+  # NVFP4 used to return +inf for |x| >= ~7.6e35 and uint4 NaN / Inf for groups spanning
+  # more than FLT_MAX (docs/numerics.md §5 and the uint4 rule; oracle parity in
+  # tests/quant/test_huge_values.py).
+  x = jnp.asarray(np.linspace(-magnitude, magnitude, 256, dtype=np.float32).reshape(2, 128))
+  values = np.asarray(quant.fake_quant(x, fmt))
+  assert np.isfinite(values).all()
+  np.testing.assert_allclose(values, np.asarray(x), atol=0.2 * magnitude)
+
+
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8_e4m3", "int8_channel", "uint4_g128"])
 @pytest.mark.parametrize("shape", [(0, 32), (4, 0), (0,)])
 def test_empty_arrays_quantize_to_empty_results(fmt, shape):
