@@ -67,11 +67,30 @@ def _tokenize_files(files, root, tokenizer, eval_percent):
   return {k: np.concatenate(v) if v else np.zeros((0,), dtype) for k, v in parts.items()}
 
 
+_EDGE_BYTES = 1 << 16  # the head and tail of each file that go into the cache key
+
+
+def file_signature(path: str) -> str:
+  """size, mtime in ns and a hash of the first and last 64 KiB: a file rewritten in place
+  (even with the same size within the same second) gets another signature."""
+  st = os.stat(path)
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    h.update(f.read(_EDGE_BYTES))
+    if st.st_size > _EDGE_BYTES:
+      f.seek(max(st.st_size - _EDGE_BYTES, _EDGE_BYTES))
+      h.update(f.read())
+  return f"{st.st_size}|{st.st_mtime_ns}|{h.hexdigest()[:16]}"
+
+
 def _fingerprint(files, tokenizer_name: str, eval_percent: int) -> str:
+  """The cache key of tokenizing `files`: their paths and signatures, the tokenizer (its file's
+  signature too, for SentencePiece) and the eval split."""
   h = hashlib.sha256(f"{tokenizer_name}|{eval_percent}".encode())
+  if tokenizer_name.startswith("spm:") and os.path.isfile(tokenizer_name[4:]):
+    h.update(file_signature(tokenizer_name[4:]).encode())
   for path in files:
-    st = os.stat(path)
-    h.update(f"{path}|{st.st_size}|{int(st.st_mtime)}".encode())
+    h.update(f"{path}|{file_signature(path)}".encode())
   return h.hexdigest()[:16]
 
 
