@@ -9,9 +9,13 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-venv: $(BIN)/python
+# Installs once; again only when a requirements file or pyproject.toml changes (the stamp file).
+$(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q -r requirements-dev.txt
 	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
 
 # The default training job: tiny LLaMA, MXFP4 GEMMs + Stable-SPAM, offline corpus, CPU.
 CONFIG ?= configs/llama_tiny_mxfp4.py

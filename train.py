@@ -26,16 +26,22 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(
       flags.FLAGS["config"].config_filename))[0])
-  from lpjax.train import ConfigError
+  from lpjax.train import CheckpointWriteError, ConfigError
 
   try:
     results = train_and_evaluate(config, workdir)
+  except CheckpointWriteError as e:
+    # Orbax's writer threads can keep a failed process alive at exit: report and leave at once.
+    print(f"Checkpoint error: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
   except ConfigError as e:
     # A config problem is the user's to fix, not a crash: the message alone, unless asked for
     # the traceback (--verbosity=1 or LPJAX_TRACEBACK=1).
     if flags.FLAGS.verbosity >= 1 or os.environ.get("LPJAX_TRACEBACK") == "1":
       raise
-    print(f"Config error: {e}\n(--verbosity=1 or LPJAX_TRACEBACK=1 shows the traceback.)",
+    kind = "Workdir in use" if type(e).__name__ == "WorkdirInUse" else "Config error"
+    print(f"{kind}: {e}\n(--verbosity=1 or LPJAX_TRACEBACK=1 shows the traceback.)",
           file=sys.stderr)
     sys.exit(2)
   if results.get("stopped"):
@@ -43,8 +49,9 @@ def main(argv):
           "resumes it: run the same command again.")
     sys.exit(128 + results["signal"] if results.get("signal") else 0)
   print(f"\nResults: {os.path.join(os.path.abspath(workdir), 'results.json')}")
-  print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')} "
-        f"(TensorBoard: tensorboard --logdir {os.path.join(workdir, 'tensorboard')})")
+  print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')}")
+  from lpjax.train import tensorboard_command
+  print(f"TensorBoard: {tensorboard_command(os.path.join(workdir, 'tensorboard'))}")
   print({k: v for k, v in results.items() if k.startswith("final_") or k in ("steps", "wall_time_s")})
 
 

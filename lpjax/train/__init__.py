@@ -25,12 +25,15 @@ _LAZY = {
     "ScheduleState": "_precision", "build_policy": "_precision",
     "make_optimizer": "_optimizers", "learning_rate_schedule": "_optimizers",
     "decay_mask": "_optimizers", "make_task": "_tasks", "Task": "_tasks",
+    "CheckpointWriteError": "_checkpoint", "WorkdirInUse": "_workdir_lock",
+    "tensorboard_command": "_metrics",
 }
 
-__all__ = ["ConfigError", "PrecisionController", "PrecisionSchedule", "ScheduleState", "TASKS",
-           "Task", "Trainer", "TrainingError", "base_config", "build_policy", "decay_mask",
-           "learning_rate_schedule", "llama_config", "make_optimizer", "make_task",
-           "setup_logging", "train_and_evaluate", "validate"]
+__all__ = ["CheckpointWriteError", "ConfigError", "PrecisionController", "PrecisionSchedule",
+           "ScheduleState", "TASKS", "Task", "Trainer", "TrainingError", "WorkdirInUse",
+           "base_config", "build_policy", "decay_mask", "learning_rate_schedule", "llama_config",
+           "make_optimizer", "make_task", "setup_logging", "tensorboard_command",
+           "train_and_evaluate", "validate"]
 
 
 def train_and_evaluate(config, workdir):

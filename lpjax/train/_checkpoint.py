@@ -20,12 +20,18 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
+from lpjax.train._resume import StateMismatch, flat_structure, structure_differences
+
 
 def _abstract(tree):
   def one(x):
     sharding = getattr(x, "sharding", None)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   return jax.tree.map(one, tree)
+
+
+class CheckpointWriteError(RuntimeError):
+  """Writing a checkpoint failed (disk full, directory gone or unwritable): the run stops."""
 
 
 class Checkpointer:
@@ -35,7 +41,10 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = ocp.CheckpointManager(  # handlers named: a fresh manager reads metadata
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self):
     return self._manager.latest_step()
@@ -44,8 +53,19 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, state, meta: dict, *, force: bool = True):
-    self._manager.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+    """Starts writing step `step` (async); raises CheckpointWriteError when it (or an earlier
+    async write) fails."""
+    with self._write_errors():
+      self._manager.save(int(step), args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=force)
+
+  def check(self):
+    """Raises CheckpointWriteError if an async write has failed since the last call (cheap)."""
+    with self._write_errors():
+      self._manager.check_for_errors()
+
+  def _write_errors(self):
+    return _RaiseAsWriteError(self)
 
   def restore(self, step: int, target):
     """Restores into `target`'s structure, shapes, dtypes and shardings (arrays or abstract)."""
@@ -53,22 +73,61 @@ class Checkpointer:
         state=ocp.args.StandardRestore(_abstract(target)), meta=ocp.args.JsonRestore()))
     return restored["state"], restored["meta"]
 
+  def saved_structure(self, step: int) -> dict:
+    """{path: (shape, dtype)} of the state saved at `step`, read from its metadata (raises when
+    the metadata is unreadable: an integrity failure)."""
+    return flat_structure(self._manager.item_metadata(int(step))["state"].tree)
+
+  def saved_meta(self, step: int) -> dict | None:
+    """The meta saved at `step`, or None when it does not restore."""
+    try:
+      return self._manager.restore(int(step), args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"]
+    except Exception:  # noqa: BLE001 -- a missing or unreadable meta is reported as None
+      return None
+
   def restore_latest(self, target):
     """(step, state, meta) of the newest checkpoint that restores; older ones if it is corrupt.
 
-    A checkpoint that fails to restore is renamed <step>.corrupt (kept for inspection, invisible to
-    later saves and restores) and the previous one is tried.
+    A checkpoint that fails an integrity check (unreadable metadata, or data that does not
+    restore) is renamed <step>.corrupt (kept for inspection, invisible to later saves and
+    restores) and the previous one is tried. One that is intact but holds a state of another
+    structure than `target` (another model or optimizer) raises `StateMismatch` and nothing
+    is moved.
     """
+    wanted = flat_structure(target)
     for step in reversed(self.all_steps()):
+      try:
+        saved = self.saved_structure(step)
+      except Exception as e:  # noqa: BLE001 -- unreadable metadata: an integrity failure
+        self._corrupt(step, e)
+        continue
+      differences = structure_differences(saved, wanted)
+      if differences:
+        meta = self.saved_meta(step) or {}
+        raise StateMismatch(step, differences, meta.get("config"))
       try:
         state, meta = self.restore(step, target)
         return step, state, meta
-      except Exception as e:  # a partial or corrupt checkpoint: fall back to the previous one
-        logging.getLogger("lpjax.train").warning(
-            "Checkpoint %s/%d could not be restored (%s: %s); moved it to %d.corrupt and trying the "
-            "previous one.", self.directory, step, type(e).__name__, str(e)[:200], step)
-        self._set_aside(step)
+      except Exception as e:  # noqa: BLE001 -- a partial or corrupt checkpoint
+        self._corrupt(step, e)
     return None, None, None
+
+  def restore_subtrees(self, step: int, target: dict) -> dict:
+    """Only the state entries named by `target` ({"params": ..., ...}) from the checkpoint at
+    `step`, into target's shapes and shardings (e.g. the parameters under a new optimizer)."""
+    abstract = _abstract(target)
+    return ocp.PyTreeCheckpointer().restore(
+        os.path.join(self.directory, str(int(step)), "state"),
+        args=ocp.args.PyTreeRestore(item=abstract, partial_restore=True,
+                                    restore_args=ocp.checkpoint_utils.construct_restore_args(
+                                        abstract)))
+
+  def _corrupt(self, step: int, error: Exception):
+    logging.getLogger("lpjax.train").warning(
+        "Checkpoint %s/%d could not be restored (%s: %s); moved it to %d.corrupt and trying the "
+        "previous one.", self.directory, step, type(error).__name__, str(error)[:200], step)
+    self._set_aside(step)
 
   def _set_aside(self, step: int):
     if jax.process_index() == 0:
@@ -80,8 +139,34 @@ class Checkpointer:
     self._manager.reload()
 
   def wait(self):
-    self._manager.wait_until_finished()
+    with self._write_errors():
+      self._manager.wait_until_finished()
 
   def close(self):
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+class _RaiseAsWriteError:
+  """Turns any error of a checkpoint write into a CheckpointWriteError naming the path and the way
+  on (the previous complete checkpoint resumes the run)."""
+
+  def __init__(self, checkpointer):
+    self.checkpointer = checkpointer
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, error, traceback):
+    if error is None or isinstance(error, (CheckpointWriteError, KeyboardInterrupt)):
+      return False
+    c = self.checkpointer
+    try:
+      complete = c.latest_step()
+    except Exception:  # noqa: BLE001 -- the directory itself may be what failed
+      complete = None
+    raise CheckpointWriteError(
+        f"Writing a checkpoint to {c.directory} failed "
+        f"({kind.__name__}: {str(error)[:200]}). The run stopped; the last complete checkpoint is "
+        f"{'step %d' % complete if complete is not None else 'none'}. Free space or fix the "
+        "directory's permissions, then run the same command to resume.") from error

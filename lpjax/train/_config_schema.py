@@ -29,6 +29,7 @@ VISION_MODELS = {
 TEXT_SOURCES = ("embedded", "text", "tfds")
 IMAGE_SOURCES = ("digits", "tfds")
 STATE_DTYPES = ("float32", "bfloat16")
+RESUME_CHOICES = ("auto", "restart", "params")
 
 # The papers' hyperparameters per optimizer (docs/numerics.md §8-10). The learning rate, warm-up
 # and schedule are not here: each config file sets them.
@@ -83,6 +84,11 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.eval_steps = 8 if lm else 0  # batches per evaluation (0: the whole eval split; images only)
   c.checkpoint_every = 500  # steps between checkpoints (0: only at the end)
   c.keep_checkpoints = 3  # checkpoints kept in the workdir
+  # When the workdir's checkpoints have other state shapes than this config (another model size
+  # or optimizer): auto = stop with an error naming the differing keys; restart = archive the old
+  # run under <workdir>/archive/ and start afresh; params = archive it and start from its parameters
+  # with a fresh optimizer. Matching checkpoints always resume.
+  c.resume = "auto"
   c.log_every = 10  # steps between metric lines
   c.progress_bar = True  # tqdm bar with loss, throughput and ETA
   c.max_consecutive_skips = 20  # stop (or roll back) after this many non-finite steps in a row

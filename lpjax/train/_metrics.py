@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 
 
@@ -40,6 +41,23 @@ def truncate_after(path: str, step: int):
   with open(tmp, "w") as f:
     f.writelines(kept)
   os.replace(tmp, path)
+
+
+def tensorboard_command(logdir: str) -> str:
+  """A shell command that shows `logdir` in TensorBoard, with its installation when this Python
+  environment has no TensorBoard (it is not a dependency: metrics.jsonl holds the same scalars).
+
+  Examples:
+    >>> "--logdir runs/x/tensorboard" in tensorboard_command("runs/x/tensorboard")
+    True
+  """
+  import importlib.util
+
+  bin_dir = os.path.dirname(sys.executable)
+  tensorboard = os.path.join(bin_dir, "tensorboard")
+  if importlib.util.find_spec("tensorboard") is not None and os.path.exists(tensorboard):
+    return f"{tensorboard} --logdir {logdir}"
+  return f"{os.path.join(bin_dir, 'pip')} install tensorboard && {tensorboard} --logdir {logdir}"
 
 
 class MetricWriter:
@@ -87,18 +105,31 @@ class MetricWriter:
 
 
 class Progress:
-  """A tqdm bar showing loss, units (tokens, images) per second and the ETA."""
+  """Training progress: a tqdm bar (loss, units per second, ETA) on a terminal; when stderr is
+  not a terminal (a log file, a batch job), a plain log line at most every `line_seconds`
+  instead, so that progress and log lines never share a line."""
 
   def __init__(self, start_step: int, total_steps: int, units_per_step: float, enabled: bool,
-               unit: str = "tok"):
+               unit: str = "tok", *, line_seconds: float = 30.0, terminal: bool | None = None):
     self.units_per_step = units_per_step  # the caller may update it (variable sequence lengths)
     self.unit = unit
+    self.total_steps = total_steps
     self.last_time = time.perf_counter()
     self.last_step = start_step
     self._bar = None
-    if enabled:
+    self._lines = False
+    self._line_seconds = line_seconds
+    self._last_line = time.perf_counter()
+    self._start = (time.perf_counter(), start_step)
+    if not enabled:
+      return
+    if terminal is None:
+      terminal = sys.stderr.isatty()
+    if terminal:
       from tqdm import tqdm
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+    else:
+      self._lines = True
 
   def update(self, step: int, loss: float) -> float:
     """Advances to `step`; returns units/s since the previous update."""
@@ -108,6 +139,15 @@ class Progress:
     if self._bar is not None:
       self._bar.update(step - self.last_step)
       self._bar.set_postfix({"loss": f"{loss:.4f}", f"{self.unit}/s": f"{per_second:,.0f}"})
+    elif self._lines and (now - self._last_line >= self._line_seconds
+                          or step >= self.total_steps):
+      start_time, start_step = self._start
+      rate = (step - start_step) / max(now - start_time, 1e-9)
+      eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
+      logging.getLogger("lpjax.train").info(
+          "step %d/%d: loss %.4f, %s %s/s, ETA %s", step, self.total_steps, loss,
+          f"{per_second:,.0f}", self.unit, _duration(eta))
+      self._last_line = now
     self.last_time, self.last_step = now, step
     return per_second
 
@@ -118,3 +158,10 @@ class Progress:
   def close(self):
     if self._bar is not None:
       self._bar.close()
+
+
+def _duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

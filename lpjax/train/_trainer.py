@@ -15,6 +15,7 @@ again with the same command reports "already complete" and changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -26,15 +27,18 @@ import numpy as np
 from lpjax.nn import activation_sharding
 from lpjax.train import config as cfg_lib
 from lpjax.train import _sharding as shd
-from lpjax.train._checkpoint import Checkpointer
+from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
 from lpjax.train._metrics import MetricWriter, Progress
-from lpjax.train._optimizers import make_optimizer
+from lpjax.train._optimizers import learning_rate_schedule, make_optimizer
 from lpjax.train._precision import PrecisionController
 from lpjax.train._process import StopSignals, maybe_initialize_distributed
 from lpjax.train._results import read_results, write_results
+from lpjax.train._resume import (StateMismatch, archive_run, config_changes, flat_config,
+                                 mismatch_message)
 from lpjax.train import _step as step_lib
 from lpjax.train._step import TrainState, init_state, make_train_step
 from lpjax.train._tasks import make_task
+from lpjax.train._workdir_lock import WorkdirLock
 
 FP_RECIPE = "fp32"  # evaluation with quantization off
 log = logging.getLogger("lpjax.train")
@@ -57,12 +61,14 @@ class Trainer:
     devices = list(devices) if devices is not None else jax.devices()
     self.config = config = cfg_lib.validate(config, len(devices), jax.process_count())
     self.workdir = os.path.abspath(workdir)
+    self.flat_config = flat_config(config)  # recorded in each checkpoint's meta
     self.is_main = jax.process_index() == 0
     os.makedirs(self.workdir, exist_ok=True)
     self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
     self.precision = PrecisionController(config)  # builds the run's QuantPolicy, once
     self.task = make_task(config, self.precision.policy)
     self.tx = make_optimizer(config)
+    self.lr_schedule = learning_rate_schedule(config)  # logged as train/lr
     self.batch_sharding = shd.batch_sharding(self.mesh)
     self._train_step = make_train_step(self.task.loss, self.tx, nan_at_step=config.debug.nan_at_step,
                                        nan_only_quantized=config.debug.nan_only_quantized,
@@ -91,12 +97,60 @@ class Trainer:
     return shd.tree_shardings(abstract_state, self.mesh, self.task.partition_rules)
 
   def restore_or_init(self):
+    """(state, meta): the newest checkpoint's, or a fresh state and {} in an empty workdir.
+
+    A checkpoint of another state structure (another model or optimizer) stops with a ConfigError
+    before anything changes, unless config.resume is "restart" or "params"; config changes that
+    keep the structure (recipe, schedule, steps) resume and are logged.
+    """
     state = self.init_state()
-    step, restored, meta = self.checkpointer.restore_latest(state)
+    try:
+      step, restored, meta = self.checkpointer.restore_latest(state)
+    except StateMismatch as mismatch:
+      return self._resume_mismatched(state, mismatch), {}
     if step is None:
       return state, {}
+    meta = meta or {}
     log.info("Resumed from %s at step %d.", self.checkpointer.directory, step)
-    return restored, meta or {}
+    if meta.get("config") is not None:
+      changes = config_changes(meta["config"], self.flat_config)
+      if changes:
+        log.warning("Resuming step %d with config changes: %s.", step, ", ".join(changes))
+    return restored, meta
+
+  def _resume_mismatched(self, state, mismatch):
+    """config.resume's answer to a checkpoint of another structure: an error (auto), or the old
+    run archived and a fresh state (restart) or one holding its parameters (params)."""
+    choice = self.config.resume
+    if choice == "auto":
+      raise cfg_lib.ConfigError(mismatch_message(self.workdir, mismatch, self.flat_config))
+    kept = {"params": state.params}
+    if state.model_state is not None:
+      kept["model_state"] = state.model_state
+    if choice == "params":
+      differences = [d for d in mismatch.differences if d.split("/")[0] in kept]
+      if differences:
+        raise cfg_lib.ConfigError(
+            f"--config.resume=params needs the parameters of the checkpoint of step "
+            f"{mismatch.step} in {self.workdir} to have this config's shapes, but "
+            f"{len(differences)} differ (e.g. {differences[0]}). Nothing was changed. Use a new "
+            "--workdir or --config.resume=restart.")
+      kept = self.checkpointer.restore_subtrees(mismatch.step, kept)
+    self.checkpointer.close()
+    archived = archive_run(self.workdir) if self.is_main else None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("lpjax archive_run")
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                     keep=self.config.keep_checkpoints)
+    log.warning("The checkpoint of step %d held another state structure (%s); resume=%s: the old "
+                "run is archived in %s and this one starts at step 0%s.", mismatch.step,
+                mismatch.differences[0], choice, archived,
+                " from its parameters" if choice == "params" else "")
+    if choice == "params":
+      state = dataclasses.replace(state, params=kept["params"],
+                                  model_state=kept.get("model_state", state.model_state))
+    return state
 
   # --- steps ----------------------------------------------------------------------------------
 
@@ -166,8 +220,17 @@ class Trainer:
     """Trains to config.steps (or stops after `stop_after` steps, checkpointing there).
 
     Returns the results (also written to results.json); a run stopped early by `stop_after` or by
-    SIGTERM / SIGINT returns {"steps", "stopped": True} after checkpointing.
+    SIGTERM / SIGINT returns {"steps", "stopped": True} after checkpointing. The workdir is
+    locked while it runs: a second run in it raises WorkdirInUse at once.
     """
+    lock = WorkdirLock(self.workdir).acquire() if self.is_main else None
+    try:
+      return self._run(stop_after)
+    finally:
+      if lock is not None:
+        lock.release()
+
+  def _run(self, stop_after):
     c = self.config
     start_time = time.time()
     state, meta = self.restore_or_init()
@@ -194,8 +257,13 @@ class Trainer:
             rollbacks += 1
             state, units = rb.state, rb.units
         self.stop_signal = signals.received
-    finally:
-      self.checkpointer.wait()
+    except BaseException:
+      try:  # let writes in flight finish; the error that stopped the run is the one to report
+        self.checkpointer.wait()
+      except CheckpointWriteError:
+        pass
+      raise
+    self.checkpointer.wait()
     self.final_state = state
     if int(state.step) < c.steps:
       self.checkpointer.close()
@@ -236,7 +304,8 @@ class Trainer:
     return results
 
   def _meta(self, units, rollbacks):
-    return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks}
+    return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks,
+            "config": self.flat_config}
 
   def _train_until(self, state, end_step, units, rollbacks, writer, signals):
     """Steps to end_step; returns (state, units, last logged loss, last eval metrics)."""
@@ -264,11 +333,13 @@ class Trainer:
         per_second = progress.update(done, last_loss)
         skipped = int(state.skipped)
         scalars = {"train/loss": last_loss, "train/grad_norm": float(m["grad_norm"]),
+                   "train/lr": float(self.lr_schedule(step)),
                    f"train/{self.task.unit}_per_second": per_second, "train/skipped": skipped,
                    "train/recipe_is_quantized": float(self.precision.is_low_precision(policy))}
         scalars.update({f"train/{k}": float(v) for k, v in m.items()
                         if k not in ("loss", "grad_norm", "finite", "update_finite")})
         writer.write(done, scalars)
+        self.checkpointer.check()  # a failed async checkpoint write stops the run here
         if skipped > skipped_logged:
           why = ("a non-finite loss or gradient" if bool(m.get("update_finite", True))
                  else "a non-finite update (new parameters or optimizer state; check optimizer.lr "

@@ -27,8 +27,8 @@ import os
 import ml_collections
 
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, STATE_DTYPES, TASKS,
-                                        TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
+from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, RESUME_CHOICES, STATE_DTYPES,
+                                        TASKS, TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
                                         flat_keys, task_keys, tasks_of)
 
 class _Problems(list):
@@ -152,6 +152,8 @@ def _check_names(config, problems):
                     f"{', '.join(OPTIMIZERS)}.")
   if config.optimizer.state_dtype not in STATE_DTYPES:
     problems.append(f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}.")
+  if config.resume not in RESUME_CHOICES:
+    problems.append(f"resume {config.resume!r} is unknown; valid: {', '.join(RESUME_CHOICES)}.")
   for field in ("recipe", "high_precision_recipe"):
     value = config.quant[field]
     try:

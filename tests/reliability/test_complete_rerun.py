@@ -11,10 +11,12 @@ from lpjax.train._trainer import Trainer
 
 
 def _snapshot(workdir):
-  """{relative path: (size, mtime_ns)} of every file in the workdir."""
+  """{relative path: (size, mtime_ns)} of every file in the workdir but the run lock."""
   out = {}
   for root, _, files in os.walk(workdir):
     for name in files:
+      if name == ".lock":  # each run takes it (and notes its pid)
+        continue
       path = os.path.join(root, name)
       st = os.stat(path)
       out[os.path.relpath(path, workdir)] = (st.st_size, st.st_mtime_ns)

@@ -1,0 +1,106 @@
+"""Does a workdir's checkpoint fit this config? Structures, config differences, archiving a run.
+
+A checkpoint records its config (the `config` entry of its meta). Resuming compares the saved
+state's structure (every array's path, shape and dtype) with the state this config builds: equal
+structures resume (config changes such as the recipe or the schedule are logged); different ones
+stop the run before anything in the workdir changes, unless `config.resume` says what to do.
+
+Examples:
+  >>> import numpy as np
+  >>> old = flat_structure({"w": np.zeros((2, 3), np.float32)})
+  >>> new = flat_structure({"w": np.zeros((2, 4), np.float32), "b": np.zeros(4, np.float32)})
+  >>> structure_differences(old, new)
+  ['b: (absent) -> (4,) float32', 'w: (2, 3) float32 -> (2, 4) float32']
+  >>> config_changes({"steps": 100, "quant.recipe": "mxfp4"}, {"steps": 200, "quant.recipe": "mxfp4"})
+  ['steps 100 -> 200']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+
+# What a run leaves in its workdir; `archive_run` moves these aside together.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "tensorboard", "config.json")
+
+
+class StateMismatch(Exception):
+  """The checkpoint at `step` holds a state of another structure than the target's."""
+
+  def __init__(self, step: int, differences: list[str], saved_config: dict | None):
+    super().__init__(f"checkpoint {step}: {len(differences)} arrays differ")
+    self.step, self.differences, self.saved_config = step, differences, saved_config
+
+
+def _key_name(key) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def flat_structure(tree) -> dict[str, tuple]:
+  """{"a/b/c": (shape, dtype name)} for every array leaf (arrays, abstract arrays, orbax metadata)."""
+  return {"/".join(_key_name(k) for k in path): (tuple(leaf.shape), str(leaf.dtype))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def structure_differences(saved: dict, current: dict) -> list[str]:
+  """One "path: saved -> current" line per array whose presence, shape or dtype differs (sorted)."""
+  def show(entry):
+    return "(absent)" if entry is None else f"{entry[0]} {entry[1]}"
+  return [f"{path}: {show(saved.get(path))} -> {show(current.get(path))}"
+          for path in sorted(set(saved) | set(current)) if saved.get(path) != current.get(path)]
+
+
+def flat_config(config) -> dict:
+  """{dotted key: value} of a ConfigDict, JSON-ready (tuples as lists)."""
+  flat = {}
+
+  def walk(prefix, node):
+    for k, v in node.items():
+      if isinstance(v, dict):
+        walk(f"{prefix}{k}.", v)
+      else:
+        flat[prefix + k] = v
+  walk("", json.loads(config.to_json_best_effort()))
+  return flat
+
+
+def config_changes(old: dict, new: dict, *, ignore=("resume",)) -> list[str]:
+  """"key old -> new" for each key whose value differs (keys in `ignore` skipped), sorted."""
+  return [f"{k} {old.get(k, '(absent)')!r} -> {new.get(k, '(absent)')!r}".replace("'(absent)'",
+                                                                                 "(absent)")
+          for k in sorted(set(old) | set(new))
+          if k not in ignore and old.get(k, "(absent)") != new.get(k, "(absent)")]
+
+
+def mismatch_message(workdir: str, mismatch: StateMismatch, config: dict) -> str:
+  """The one-line error for a checkpoint of another state structure: what differs, the ways on."""
+  changes = (config_changes(mismatch.saved_config, config) if mismatch.saved_config is not None
+             else [])
+  named = ("config changes since: " + ", ".join(changes[:8]) + (", ..." if len(changes) > 8 else "")
+           if changes else "the checkpoint does not record its config")
+  diffs = mismatch.differences
+  return (f"The checkpoint of step {mismatch.step} in {workdir} holds a train state of another "
+          f"shape than this config builds ({named}; {len(diffs)} arrays differ, e.g. {diffs[0]}). "
+          "Nothing was changed. Use a new --workdir, or --config.resume=restart (archive the old "
+          "run under <workdir>/archive/ and start afresh) or --config.resume=params (archive it "
+          "and start from its parameters with a fresh optimizer state).")
+
+
+def archive_run(workdir: str) -> str:
+  """Moves the run's files (RUN_FILES) to <workdir>/archive/<UTC time>/; returns that directory."""
+  target = os.path.join(workdir, "archive", time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+  base, n = target, 1
+  while os.path.exists(target):
+    target, n = f"{base}-{n}", n + 1
+  os.makedirs(target)
+  for name in RUN_FILES:
+    source = os.path.join(workdir, name)
+    if os.path.exists(source):
+      os.replace(source, os.path.join(target, name))
+  return target
