@@ -20,7 +20,7 @@ from lpjax.train.config import TASKS, ConfigError, base_config, llama_config, va
 
 # name -> private module that defines it (imported on first access)
 _LAZY = {
-    "Trainer": "_trainer", "TrainingError": "_trainer", "setup_logging": "_trainer",
+    "Trainer": "_trainer", "TrainingError": "_trainer", "setup_logging": "_process",
     "PrecisionController": "_precision", "PrecisionSchedule": "_precision",
     "ScheduleState": "_precision", "build_policy": "_precision",
     "make_optimizer": "_optimizers", "learning_rate_schedule": "_optimizers",

@@ -1,4 +1,4 @@
-"""The process around a run: multi-process initialization and SIGTERM / SIGINT handling.
+"""The process around a run: multi-process initialization, SIGTERM / SIGINT handling, logging.
 
 Examples:
   >>> with StopSignals() as signals:
@@ -60,3 +60,19 @@ class StopSignals:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     return False
+
+
+def setup_logging():
+  """lpjax's INFO lines on stderr; other libraries (orbax, absl) at WARNING."""
+  try:
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  except ImportError:
+    pass
+  logger = logging.getLogger("lpjax")
+  if not logger.handlers:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False

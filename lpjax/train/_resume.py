@@ -17,11 +17,17 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import time
 
 import jax
+
+from lpjax.train._config_schema import ConfigError
+
+log = logging.getLogger("lpjax.train")
 
 # What a run leaves in its workdir; `archive_run` moves these aside together.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "tensorboard", "config.json")
@@ -104,3 +110,42 @@ def archive_run(workdir: str) -> str:
     if os.path.exists(source):
       os.replace(source, os.path.join(target, name))
   return target
+
+
+def resolve_mismatch(trainer, state, mismatch: StateMismatch):
+  """config.resume's answer to a checkpoint of another structure: a ConfigError (auto), or the
+  old run archived and `state` (restart) or `state` holding its parameters (params) returned.
+
+  `trainer`: the Trainer resuming (its config, workdir, checkpointer; the checkpointer is
+  replaced by a fresh one once the old run is archived)."""
+  choice = trainer.config.resume
+  if choice == "auto":
+    raise ConfigError(mismatch_message(trainer.workdir, mismatch, trainer.flat_config))
+  kept = {"params": state.params}
+  if state.model_state is not None:
+    kept["model_state"] = state.model_state
+  if choice == "params":
+    differences = [d for d in mismatch.differences if d.split("/")[0] in kept]
+    if differences:
+      raise ConfigError(
+          f"--config.resume=params needs the parameters of the checkpoint of step "
+          f"{mismatch.step} in {trainer.workdir} to have this config's shapes, but "
+          f"{len(differences)} differ (e.g. {differences[0]}). Nothing was changed. Use a new "
+          "--workdir or --config.resume=restart.")
+    kept = trainer.checkpointer.restore_subtrees(mismatch.step, kept)
+  trainer.checkpointer.close()
+  archived = archive_run(trainer.workdir) if trainer.is_main else None
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("lpjax archive_run")
+  from lpjax.train._checkpoint import Checkpointer  # (it imports this module)
+  trainer.checkpointer = Checkpointer(os.path.join(trainer.workdir, "checkpoints"),
+                                      keep=trainer.config.keep_checkpoints)
+  log.warning("The checkpoint of step %d held another state structure (%s); resume=%s: the old "
+              "run is archived in %s and this one starts at step 0%s.", mismatch.step,
+              mismatch.differences[0], choice, archived,
+              " from its parameters" if choice == "params" else "")
+  if choice == "params":
+    state = dataclasses.replace(state, params=kept["params"],
+                                model_state=kept.get("model_state", state.model_state))
+  return state

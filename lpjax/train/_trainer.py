@@ -15,7 +15,6 @@ again with the same command reports "already complete" and changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -33,8 +32,7 @@ from lpjax.train._optimizers import learning_rate_schedule, make_optimizer
 from lpjax.train._precision import PrecisionController
 from lpjax.train._process import StopSignals, maybe_initialize_distributed
 from lpjax.train._results import read_results, write_results
-from lpjax.train._resume import (StateMismatch, archive_run, config_changes, flat_config,
-                                 mismatch_message)
+from lpjax.train._resume import StateMismatch, config_changes, flat_config, resolve_mismatch
 from lpjax.train import _step as step_lib
 from lpjax.train._step import TrainState, init_state, make_train_step
 from lpjax.train._tasks import make_task
@@ -107,7 +105,7 @@ class Trainer:
     try:
       step, restored, meta = self.checkpointer.restore_latest(state)
     except StateMismatch as mismatch:
-      return self._resume_mismatched(state, mismatch), {}
+      return resolve_mismatch(self, state, mismatch), {}
     if step is None:
       return state, {}
     meta = meta or {}
@@ -117,40 +115,6 @@ class Trainer:
       if changes:
         log.warning("Resuming step %d with config changes: %s.", step, ", ".join(changes))
     return restored, meta
-
-  def _resume_mismatched(self, state, mismatch):
-    """config.resume's answer to a checkpoint of another structure: an error (auto), or the old
-    run archived and a fresh state (restart) or one holding its parameters (params)."""
-    choice = self.config.resume
-    if choice == "auto":
-      raise cfg_lib.ConfigError(mismatch_message(self.workdir, mismatch, self.flat_config))
-    kept = {"params": state.params}
-    if state.model_state is not None:
-      kept["model_state"] = state.model_state
-    if choice == "params":
-      differences = [d for d in mismatch.differences if d.split("/")[0] in kept]
-      if differences:
-        raise cfg_lib.ConfigError(
-            f"--config.resume=params needs the parameters of the checkpoint of step "
-            f"{mismatch.step} in {self.workdir} to have this config's shapes, but "
-            f"{len(differences)} differ (e.g. {differences[0]}). Nothing was changed. Use a new "
-            "--workdir or --config.resume=restart.")
-      kept = self.checkpointer.restore_subtrees(mismatch.step, kept)
-    self.checkpointer.close()
-    archived = archive_run(self.workdir) if self.is_main else None
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices("lpjax archive_run")
-    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
-                                     keep=self.config.keep_checkpoints)
-    log.warning("The checkpoint of step %d held another state structure (%s); resume=%s: the old "
-                "run is archived in %s and this one starts at step 0%s.", mismatch.step,
-                mismatch.differences[0], choice, archived,
-                " from its parameters" if choice == "params" else "")
-    if choice == "params":
-      state = dataclasses.replace(state, params=kept["params"],
-                                  model_state=kept.get("model_state", state.model_state))
-    return state
 
   # --- steps ----------------------------------------------------------------------------------
 
@@ -418,19 +382,3 @@ class _Rollback(Exception):
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains `config` in `workdir` (resuming if it holds checkpoints); returns results.json."""
   return Trainer(config, workdir).run()
-
-
-def setup_logging():
-  """lpjax's INFO lines on stderr; other libraries (orbax, absl) at WARNING."""
-  try:
-    from absl import logging as absl_logging
-    absl_logging.set_verbosity(absl_logging.WARNING)
-  except ImportError:
-    pass
-  logger = logging.getLogger("lpjax")
-  if not logger.handlers:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-    logger.addHandler(handler)
-  logger.setLevel(logging.INFO)
-  logger.propagate = False
