@@ -14,6 +14,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -64,8 +65,24 @@ class Checkpointer:
     with self._write_errors():
       self._manager.check_for_errors()
 
+  @contextlib.contextmanager
   def _write_errors(self):
-    return _RaiseAsWriteError(self)
+    """Turns any error of a checkpoint write into a CheckpointWriteError naming the directory and
+    the way on (the last complete checkpoint resumes the run)."""
+    try:
+      yield
+    except (CheckpointWriteError, KeyboardInterrupt):
+      raise
+    except Exception as error:  # noqa: BLE001 -- whatever orbax or the file system raised
+      try:
+        complete = self.latest_step()
+      except Exception:  # noqa: BLE001 -- the directory itself may be what failed
+        complete = None
+      raise CheckpointWriteError(
+          f"Writing a checkpoint to {self.directory} failed ({type(error).__name__}: "
+          f"{str(error)[:200]}). The run stopped; the last complete checkpoint is "
+          f"{'step %d' % complete if complete is not None else 'none'}. Free space or fix the "
+          "directory's permissions, then run the same command to resume.") from error
 
   def restore(self, step: int, target):
     """Restores into `target`'s structure, shapes, dtypes and shardings (arrays or abstract)."""
@@ -146,27 +163,3 @@ class Checkpointer:
     self._manager.wait_until_finished()
     self._manager.close()
 
-
-class _RaiseAsWriteError:
-  """Turns any error of a checkpoint write into a CheckpointWriteError naming the path and the way
-  on (the previous complete checkpoint resumes the run)."""
-
-  def __init__(self, checkpointer):
-    self.checkpointer = checkpointer
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, kind, error, traceback):
-    if error is None or isinstance(error, (CheckpointWriteError, KeyboardInterrupt)):
-      return False
-    c = self.checkpointer
-    try:
-      complete = c.latest_step()
-    except Exception:  # noqa: BLE001 -- the directory itself may be what failed
-      complete = None
-    raise CheckpointWriteError(
-        f"Writing a checkpoint to {c.directory} failed "
-        f"({kind.__name__}: {str(error)[:200]}). The run stopped; the last complete checkpoint is "
-        f"{'step %d' % complete if complete is not None else 'none'}. Free space or fix the "
-        "directory's permissions, then run the same command to resume.") from error
