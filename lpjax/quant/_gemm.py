@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from lpjax.quant import _operand as opq
 from lpjax.quant._operand import LHS, RHS
 from lpjax.quant import recipes
-from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe
+from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
 
 
 def as_key(key):
@@ -114,6 +114,8 @@ def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pac
     if pack:
       return x, axis
     op = None
+  elif isinstance(op, OperandQuant) and op.from_fwd:  # re-quantize the forward's Q(X) / Q(W)
+    x, axis = _reuse(x, side, axis, key, recipe)
   signs, block = _signs(key, recipe, gemm)
   x, axis = _to_last(x, axis, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.quant import _formats as formats, _ssp as ssp
+from lpjax.quant._nvfp4_schemes import BLOCK as SCHEME_BLOCK, SCHEMES
 
 REUSE_FWD = "reuse_fwd"  # backward operand = the forward GEMM's fake-quantized X or W (STE)
 RESIDUAL_MODES = ("high_precision", "quantized")
@@ -60,6 +61,8 @@ class OperandQuant:
   scale_mode: str | None = None  # e8m0 scale rule (floor / ceil / even / rceil); None = format default
   hadamard_block: int | None = None  # RHT block along the contraction axis; both operands must agree
   sr_prescale: float | None = None  # multiply before rounding, divide after (Tseng et al.: 0.75)
+  scheme: str | None = None  # NVFP4 block-scale scheme: "four_over_six" / "ms_eden" (docs/numerics.md §7b)
+  from_fwd: bool = False  # backward W / X only: quantize the forward's fake-quantized operand
 
   def __post_init__(self):
     if isinstance(self.fmt, str) and self.fmt in ssp.NAMES:
@@ -76,6 +79,8 @@ class OperandQuant:
         raise ValueError(f"hadamard_block must be a power of two >= 2, got {b!r}.")
     if self.sr_prescale is not None and not 0.0 < self.sr_prescale <= 1.0:
       raise ValueError(f"sr_prescale must be in (0, 1], got {self.sr_prescale!r}.")
+    if self.scheme is not None:
+      self._check_scheme()
     if (self.sr_prescale is not None and not self.is_ssp and self.format.scale == "e8m0"
         and self.scale_mode in (None, "floor", "even")):
       # The block scale is computed from the pre-scaled values: with a floor scale, a block whose
@@ -83,6 +88,32 @@ class OperandQuant:
       raise ValueError("sr_prescale with e8m0 scales needs a non-clipping scale_mode ('rceil' or "
                        "'ceil'): the scale is computed after pre-scaling, so the 'floor' rule can "
                        "still clip. With 'rceil', x 3/4 reproduces Tseng et al.'s scale.")
+
+  def _check_scheme(self):
+    if self.scheme not in SCHEMES:
+      raise ValueError(f"scheme must be one of {SCHEMES} or None, got {self.scheme!r}.")
+    fmt = None if self.is_ssp else self.format
+    if (fmt is None or (fmt.element.name, fmt.scale, fmt.block_size, fmt.tensor_scale)
+        != ("e2m1", "ue4m3", SCHEME_BLOCK, True)):
+      raise ValueError(f"scheme={self.scheme!r} quantizes to NVFP4: use fmt 'nvfp4' (or "
+                       f"'nvfp4_16x16' for four_over_six), got {self.fmt!r}.")
+    if self.scale_mode is not None or self.sr_prescale is not None:
+      raise ValueError(f"scheme={self.scheme!r} chooses its own scales: scale_mode and "
+                       "sr_prescale must stay None.")
+    if self.scheme == "four_over_six":
+      if self.rounding not in ("nearest_even", "nearest_away", "stochastic"):
+        raise ValueError("scheme='four_over_six' rounds 'nearest_even' (Four over Six), "
+                         f"'nearest_away' (Quartet II) or 'stochastic'; got {self.rounding!r}.")
+    else:
+      if fmt.tile:
+        raise ValueError("scheme='ms_eden' uses 1x16 blocks: use fmt 'nvfp4'.")
+      if self.rounding != "stochastic":
+        raise ValueError("scheme='ms_eden' rounds its block scales stochastically: set "
+                         "rounding='stochastic' (its elements round to nearest, ties away).")
+      if not self.hadamard_block or self.hadamard_block % SCHEME_BLOCK:
+        raise ValueError("scheme='ms_eden' corrects each Hadamard group: set hadamard_block to a "
+                         f"multiple of {SCHEME_BLOCK} (Quartet II uses 128), got "
+                         f"{self.hadamard_block!r}.")
 
   @property
   def is_ssp(self) -> bool:
@@ -141,6 +172,9 @@ def _as_gemm_quant(value, gemm: str) -> GemmQuant:
   reusable = {"fwd": (False, False), "dgrad": (False, True), "wgrad": (True, False)}[gemm]
   lhs = _check_operand(g.lhs, gemm, "lhs", reusable[0])
   rhs = _check_operand(g.rhs, gemm, "rhs", reusable[1])
+  for op, side, ok in ((lhs, "lhs", reusable[0]), (rhs, "rhs", reusable[1])):
+    if isinstance(op, OperandQuant) and op.from_fwd and not ok:
+      raise ValueError(f"{gemm}.{side}: from_fwd only applies to dgrad.rhs (W) and wgrad.lhs (X).")
   # The RHT must be the same on both sides of the contraction to cancel; a high-precision
   # operand opposite a rotated one is rotated too (without quantization).
   if all(isinstance(op, OperandQuant) for op in (lhs, rhs)) and lhs.hadamard_block != rhs.hadamard_block:
@@ -171,10 +205,12 @@ class GemmRecipe:
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"residuals must be one of {RESIDUAL_MODES}, got {self.residuals!r}.")
     fwd_rht = self.fwd.hadamard_block is not None
-    reuses = REUSE_FWD in (self.dgrad.rhs, self.wgrad.lhs)
+    reuses = any(op == REUSE_FWD or (isinstance(op, OperandQuant) and op.from_fwd)
+                 for op in (self.dgrad.rhs, self.wgrad.lhs))
     if fwd_rht and reuses:
-      raise ValueError("REUSE_FWD cannot be combined with a forward Hadamard transform: the reused "
-                       "operand would be rotated along an axis the backward GEMM does not contract.")
+      raise ValueError("REUSE_FWD / from_fwd cannot be combined with a forward Hadamard transform: "
+                       "the reused operand would be rotated along an axis the backward GEMM does "
+                       "not contract.")
 
   @property
   def is_high_precision(self) -> bool:

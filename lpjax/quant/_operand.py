@@ -22,11 +22,13 @@ Examples:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _ssp as ssp
+from lpjax.quant import _nvfp4_schemes as schemes, _ssp as ssp
 from lpjax.quant._hadamard import hadamard, random_signs
 from lpjax.quant._packing import unpack_fp4
 from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize
@@ -93,6 +95,35 @@ def _quantize_kwargs(op: OperandQuant, axis: int, key):
               key=key if op.stochastic else None)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _scheme_fake(xs, key, op: OperandQuant, axis: int, block: int | None):
+  """An NVFP4 scheme's fake quantization along `axis`, with a straight-through gradient."""
+  if op.stochastic and key is None:
+    raise ValueError(f"Operand quantizer {op} rounds stochastically and needs a key: pass "
+                     "key=jax.random.key(...) to dot_general (or a 'quant' RNG stream to the layer).")
+  dtype = xs.dtype
+  x = jnp.moveaxis(xs.astype(jnp.float32), axis, -1)
+  if op.scheme == "four_over_six":
+    y = schemes.four_over_six(x, tile=op.format.tile, rounding=op.rounding, key=key)
+  else:
+    if block != op.hadamard_block:
+      raise ValueError(f"scheme='ms_eden' runs after its GEMM's Hadamard transform of block "
+                       f"{op.hadamard_block}; got block={block}.")
+    y = schemes.ms_eden(x, group=op.hadamard_block, key=key)
+  return jnp.moveaxis(y, -1, axis).astype(jnp.promote_types(dtype, jnp.float32))
+
+
+def _scheme_fake_fwd(xs, key, op, axis, block):
+  return _scheme_fake(xs, key, op, axis, block), None
+
+
+def _scheme_fake_bwd(op, axis, block, _, g):
+  return g, None
+
+
+_scheme_fake.defvjp(_scheme_fake_fwd, _scheme_fake_bwd)
+
+
 def fake(x, op, *, axis: int, key, signs=None, block: int | None = None, dtype=None):
   """The GEMM-ready values of operand `x`: RHT (block) -> pre-scale -> fake-quantize -> unscale.
 
@@ -114,14 +145,19 @@ def fake(x, op, *, axis: int, key, signs=None, block: int | None = None, dtype=N
     return xs.astype(dtype)
   if op.is_ssp:
     return _post(ssp.quantize_ssp(xs, op.fmt, axis=axis), op, dtype)
+  if op.scheme:
+    return _post(_scheme_fake(xs, key, op, axis % xs.ndim, block), op, dtype)
   return _post(fake_quant(xs, op.fmt, **_quantize_kwargs(op, axis, key)), op, dtype)
 
 
 def pack(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
-  """Like `fake` but stops at the packed QArray (SSP quantizers: the fake-quantized array)."""
+  """Like `fake` but stops at the packed QArray (SSP and scheme quantizers: the fake-quantized
+  array)."""
   xs = _pre(x, op, axis, signs, block)
   if op.is_ssp:
     return ssp.quantize_ssp(xs, op.fmt, axis=axis)
+  if op.scheme:
+    return _scheme_fake(xs, key, op, axis % xs.ndim, block)
   return quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
 
 
@@ -147,6 +183,8 @@ def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None 
   saturated = jnp.zeros(xs.shape, bool)
   if op.is_ssp:  # scaled by the absmax of what they round: these grids cannot saturate
     x_hat = ssp.quantize_ssp(xs, op.fmt, axis=axis).astype(jnp.float32)
+  elif op.scheme:  # scales chosen per block: saturation is not tracked
+    x_hat = _scheme_fake(xs, key, op, axis % xs.ndim, block).astype(jnp.float32)
   else:
     q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
     x_hat = dequantize(q, jnp.float32)

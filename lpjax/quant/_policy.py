@@ -7,12 +7,15 @@ is joined for you). `QuantPolicy.recipe_for(path)` decides, in this order:
    the attention score and value products, plus what the model adds: its first and last layers)
    -> `high_precision`;
 2. unless `pure`: a block index (`block_pattern`) among the first `keep_first_blocks` or the last
-   `keep_last_blocks` of `num_blocks` -> `high_precision`;
+   `keep_last_blocks` of `num_blocks` (or the last `keep_last_fraction` of them, the NVIDIA NVFP4
+   recipe's ~15%) -> `high_precision`;
 3. the first of `rules` (regex, recipe) whose regex matches (re.search) -> that recipe;
 4. otherwise -> `recipe`.
 
 The name is resolved to a `GemmRecipe` by `lpjax.quant.recipes.get` (the one resolver), and
-`residuals` (if set) replaces the residual mode of the recipes of the quantized (not kept) layers.
+`residuals` (if set) replaces the residual mode of the recipes of the quantized (not kept) layers,
+and `forward_only` drops their backward quantization (the "QAF" finish of Chmiel et al. 2025, FP4
+All the Way: FP4 forward, high-precision backward).
 
 A training loop builds one policy from its settings (`QuantPolicy.from_settings`), a model
 completes it with its architecture (`for_model`: its number of blocks and the layers it always
@@ -34,6 +37,12 @@ Examples:
   'mxfp4'
   >>> QuantPolicy.from_settings("mxfp4", residuals="quantized").recipe_for("layers/0/up").residuals
   'quantized'
+  >>> nv = QuantPolicy.from_settings("nvfp4", keep_last_fraction=0.15).for_model(num_blocks=16)
+  >>> nv.kept_last_blocks, nv.recipe_for("layers/13/mlp").name, nv.recipe_for("layers/14/mlp").name
+  (2, 'nvfp4', 'bf16')
+  >>> qaf = dataclasses.replace(nv, forward_only=True).recipe_for("layers/0/mlp")
+  >>> qaf.fwd.lhs.fmt, qaf.dgrad.lhs, qaf.wgrad.rhs
+  ('nvfp4', None, None)
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import re
 from typing import Sequence, Union
 
 from lpjax.quant import recipes
-from lpjax.quant._gemm_recipe import RESIDUAL_MODES, GemmRecipe
+from lpjax.quant._gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
 
 RecipeLike = Union[str, GemmRecipe]
 
@@ -76,27 +85,31 @@ class QuantPolicy:
   keep_high_precision: tuple[str, ...] = DEFAULT_HIGH_PRECISION  # regexes of always-hp layers
   keep_first_blocks: int = 0  # this many first blocks stay in high precision
   keep_last_blocks: int = 0  # this many last blocks stay in high precision (needs num_blocks)
+  keep_last_fraction: float = 0.0  # or this fraction of the blocks, rounded, >= 1 if > 0 (NVIDIA: 0.15)
   num_blocks: int | None = None  # number of blocks of the model
   block_pattern: str = DEFAULT_BLOCK_PATTERN  # regex with one group: the block index of a path
   pure: bool = False  # quantize everything: no keep_high_precision, no kept blocks
   block_paths: tuple[str, ...] = ()  # regexes, block i = the i-th; if set, replaces block_pattern
   residuals: str = ""  # "" = each recipe's own; else the residual mode of the quantized layers
+  forward_only: bool = False  # quantized layers keep only their forward quantization (QAF finish)
 
   @classmethod
   def from_settings(cls, recipe: RecipeLike = "bf16", *, high_precision: RecipeLike = "bf16",
                     pure: bool = False, keep_first: int = 0, keep_last: int = 0,
-                    residuals: str = "", **fields) -> "QuantPolicy":
+                    keep_last_fraction: float = 0.0, residuals: str = "",
+                    **fields) -> "QuantPolicy":
     """The policy of a training run's quantization settings (the `quant.*` config keys).
 
     recipe: the recipe of every quantized layer; high_precision: the recipe of the kept layers;
     pure: quantize the kept layers too; keep_first / keep_last: blocks kept in high precision
-    (the model supplies the number of blocks, see `for_model`); residuals: "" (the recipe's),
+    (the model supplies the number of blocks, see `for_model`); keep_last_fraction: the last
+    fraction of the blocks kept (the larger of the two counts wins); residuals: "" (the recipe's),
     "high_precision" or "quantized" (FP4-packed GEMM operands saved for the backward pass).
     Other QuantPolicy fields may be given by keyword.
     """
     return cls(recipe=recipe, high_precision=high_precision, pure=pure,
-               keep_first_blocks=keep_first, keep_last_blocks=keep_last, residuals=residuals,
-               **fields)
+               keep_first_blocks=keep_first, keep_last_blocks=keep_last,
+               keep_last_fraction=keep_last_fraction, residuals=residuals, **fields)
 
   def __post_init__(self):
     object.__setattr__(self, "rules", tuple((str(p), r) for p, r in self.rules))
@@ -107,6 +120,8 @@ class QuantPolicy:
       re.compile(pattern)  # fail early on a bad regex
     if self.keep_first_blocks < 0 or self.keep_last_blocks < 0:
       raise ValueError("keep_first_blocks and keep_last_blocks must be >= 0.")
+    if not 0.0 <= self.keep_last_fraction < 1.0:
+      raise ValueError(f"keep_last_fraction must be in [0, 1), got {self.keep_last_fraction!r}.")
     if self.residuals and self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"residuals must be '' (each recipe's own) or one of {RESIDUAL_MODES}, "
                        f"got {self.residuals!r}.")
@@ -141,7 +156,16 @@ class QuantPolicy:
   @property
   def varies_by_block(self) -> bool:
     """True when blocks of one model get different recipes (so they cannot share one scan)."""
-    return not self.pure and bool(self.keep_first_blocks or self.keep_last_blocks)
+    return not self.pure and bool(self.keep_first_blocks or self.keep_last_blocks
+                                  or self.keep_last_fraction)
+
+  @property
+  def kept_last_blocks(self) -> int:
+    """How many last blocks stay in high precision: keep_last_blocks or the fraction's count."""
+    n = self.keep_last_blocks
+    if self.keep_last_fraction and self.num_blocks is not None:
+      n = max(n, max(1, round(self.keep_last_fraction * self.num_blocks)))
+    return n
 
   def kept_high_precision(self, path) -> bool:
     """True when the policy keeps the layer at `path` in high precision (steps 1-2)."""
@@ -150,14 +174,16 @@ class QuantPolicy:
     path = path_str(path)
     if any(re.search(p, path) for p in self.keep_high_precision):
       return True
-    i = self.block_index(path) if (self.keep_first_blocks or self.keep_last_blocks) else None
+    keep_last = self.keep_last_blocks or self.keep_last_fraction
+    i = self.block_index(path) if (self.keep_first_blocks or keep_last) else None
     if i is not None:
-      if self.keep_last_blocks and self.num_blocks is None:
-        raise ValueError("keep_last_blocks needs num_blocks (the number of blocks of the model); "
-                         "models fill it in with QuantPolicy.for_model(num_blocks=...).")
+      if keep_last and self.num_blocks is None:
+        raise ValueError("keep_last_blocks / keep_last_fraction need num_blocks (the number of "
+                         "blocks of the model); models fill it in with "
+                         "QuantPolicy.for_model(num_blocks=...).")
       if i < self.keep_first_blocks:
         return True
-      if self.keep_last_blocks and i >= self.num_blocks - self.keep_last_blocks:
+      if keep_last and i >= self.num_blocks - self.kept_last_blocks:
         return True
     return False
 
@@ -177,6 +203,8 @@ class QuantPolicy:
     recipe = recipes.get(self._rule_or_default(path))
     if self.residuals and not recipe.is_high_precision and recipe.residuals != self.residuals:
       recipe = _with_residuals(recipe, self.residuals)
+    if self.forward_only and not recipe.is_high_precision:
+      recipe = _forward_only(recipe)
     return recipe
 
   def _rule_or_default(self, path: str) -> RecipeLike:
@@ -195,3 +223,10 @@ class QuantPolicy:
 @functools.lru_cache(maxsize=None)
 def _with_residuals(recipe: GemmRecipe, residuals: str) -> GemmRecipe:
   return dataclasses.replace(recipe, residuals=residuals)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_only(recipe: GemmRecipe) -> GemmRecipe:
+  """`recipe` with high-precision backward GEMMs (its forward quantization kept)."""
+  return dataclasses.replace(recipe, dgrad=GemmQuant(), wgrad=GemmQuant(),
+                             name=f"{recipe.name or 'recipe'}:fwd_only")

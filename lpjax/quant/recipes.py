@@ -11,6 +11,9 @@
 | nvfp4 | NVFP4 1x16, W 16x16 | dY SR, W 16x16 | RHT-16, dY SR | NVIDIA NVFP4 paper 2025 |
 | mxfp4_e4m3scale | e2m1 / ue4m3 @32 RTN + RHT-32 | SR + RHT-32 | same | E4M3-vs-E8M0 ablation |
 | mxfp4_naive | MXFP4 RTN | MXFP4 RTN | MXFP4 RTN | naive baseline |
+| nvfp4_4over6 | nvfp4 with Four over Six block scales | same | same | Cook et al. 2025 |
+| quartet2 | NVFP4 1x16 4/6 RTN (ties away) | MS-EDEN + RHT-128, W from fwd Q(W) | MS-EDEN + RHT-128, X from fwd Q(X) | Quartet II 2026 |
+| nvfp4_bwd_ms_eden | bf16 | MS-EDEN + RHT-128 | same | Quartet II 2026 (backward only) |
 | ssp_fp4 | SSP FP4 g256 top-2 | bf16 dY, fwd Q(W) | fwd Q(X), bf16 dY | Stable-SPAM paper |
 | ssp_int4 | int4 X, uint4 W g256 | bf16 dY, fwd Q(W) | fwd Q(X), bf16 dY | Stable-SPAM paper |
 
@@ -30,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 import jax.numpy as jnp
@@ -128,6 +132,47 @@ def _mxfp4_naive():
                     name="mxfp4_naive")
 
 
+def _nvfp4_4over6():
+  """`nvfp4` with "Four over Six" adaptive block scales on every operand (Cook et al. 2025,
+  arXiv 2512.02010, §3-4; mit-han-lab/fouroversix `quantize/pytorch/reference.py`, whose training
+  configuration applies the MSE rule to activations, weights (16x16) and gradients (SR)): each
+  block keeps the better of its map-to-6 and map-to-4 encodings (docs/numerics.md §7b)."""
+  def with_4over6(op):
+    return dataclasses.replace(op, scheme="four_over_six")
+  base = _nvfp4()
+  return GemmRecipe(**{g: GemmQuant(lhs=with_4over6(getattr(base, g).lhs),
+                                    rhs=with_4over6(getattr(base, g).rhs))
+                       for g in ("fwd", "dgrad", "wgrad")},
+                    compute_dtype=BF16, name="nvfp4_4over6")
+
+
+QUARTET2_HADAMARD = 128  # Quartet II's backward RHT block (its scripts' HADAMARD_DIM)
+
+
+def _eden(**kw):
+  return OperandQuant("nvfp4", rounding="stochastic", scheme="ms_eden",
+                      hadamard_block=QUARTET2_HADAMARD, **kw)
+
+
+def _quartet2():
+  """Quartet II (Panferov et al. 2026, arXiv 2601.22813; IST-DASLab/Quartet-II
+  `src/models/quantization/schemes/quartet_2.py`): forward NVFP4 1x16 on X and W with Four over
+  Six scales and round-half-away (its Triton kernel); backward MS-EDEN after a random
+  Hadamard-128 on all four operands, the weight and activation re-quantized from the forward's
+  Q(W) and Q(X) (docs/numerics.md §7b)."""
+  fwd = OperandQuant("nvfp4", rounding="nearest_away", scheme="four_over_six")
+  return GemmRecipe(fwd=_same(fwd), dgrad=GemmQuant(lhs=_eden(), rhs=_eden(from_fwd=True)),
+                    wgrad=GemmQuant(lhs=_eden(from_fwd=True), rhs=_eden()), compute_dtype=BF16,
+                    name="quartet2")
+
+
+def _nvfp4_bwd_ms_eden():
+  """Backward-only Quartet II: forward bf16; dgrad and wgrad MS-EDEN after a random
+  Hadamard-128 (arXiv 2601.22813; its `disable_forward_quant` setting)."""
+  return GemmRecipe(dgrad=_same(_eden()), wgrad=_same(_eden()), compute_dtype=BF16,
+                    name="nvfp4_bwd_ms_eden")
+
+
 def _ssp(x_fmt, w_fmt, name):
   # The paper's autograd: Y = Q(X) Q(W) with a straight-through estimator, so the backward GEMMs
   # multiply the bf16 dY with the forward's Q(W) and Q(X) (TianjinYellow/StableSPAM, utils/).
@@ -152,7 +197,8 @@ def _ssp_int4():
 _BUILDERS = {
     "fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "mxfp8": _mxfp8, "mxfp4": _mxfp4,
     "mxfp4_bwd": _mxfp4_bwd, "nvfp4": _nvfp4, "mxfp4_e4m3scale": _mxfp4_e4m3scale,
-    "mxfp4_naive": _mxfp4_naive, "ssp_fp4": _ssp_fp4, "ssp_int4": _ssp_int4,
+    "mxfp4_naive": _mxfp4_naive, "nvfp4_4over6": _nvfp4_4over6, "quartet2": _quartet2,
+    "nvfp4_bwd_ms_eden": _nvfp4_bwd_ms_eden, "ssp_fp4": _ssp_fp4, "ssp_int4": _ssp_int4,
 }
 NAMES = tuple(_BUILDERS)
 _CACHE: dict[str, GemmRecipe] = {}

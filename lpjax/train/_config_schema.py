@@ -151,8 +151,10 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.quant.policy = "default"  # default | pure (quantize embeddings and head too)
   c.quant.keep_first = 0  # first N blocks stay high precision
   c.quant.keep_last = 0  # last N blocks stay high precision
+  c.quant.keep_last_fraction = 0.0  # or the last fraction of blocks (NVIDIA NVFP4 recipe: 0.15)
   c.quant.warmup_fraction = 0.0  # high precision for the first fraction of steps
   c.quant.finish_fraction = 0.0  # high precision for the last fraction of steps
+  c.quant.qaf_fraction = 0.0  # before the finish: FP4 forward, high-precision backward ("QAF")
   c.quant.fallback_factor = 0.0  # loss > factor x running median: fallback recipe (0: off)
   c.quant.fallback_steps = 100  # steps the fallback lasts
   c.quant.high_precision_recipe = "bf16"  # the recipe of warm-up, finish and fallback

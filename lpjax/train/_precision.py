@@ -5,8 +5,10 @@ objects: `build_policy(config)` makes the run's `QuantPolicy` (handed to the mod
 `PrecisionController` switches recipes per step through that policy (`policy.with_recipe`).
 
 Phases of a `PrecisionSchedule`: `warmup` (high precision for the first `warmup_fraction` of the
-steps), `low` (the policy's own recipes), `finish` (high precision for the last
-`finish_fraction`), and `fallback`: when a loss is non-finite or above `fallback_factor` x the
+steps), `low` (the policy's own recipes), `qaf` (the `qaf_fraction` of the steps before the
+finish: the policy's forward quantization only, backward GEMMs in high precision, the "QAF"
+phase of Chmiel et al. 2025, "FP4 All the Way", arXiv 2505.19115), `finish` (high precision for the
+last `finish_fraction`), and `fallback`: when a loss is non-finite or above `fallback_factor` x the
 running median of recent losses, the next `fallback_steps` steps use `fallback_recipe`. Every
 phase switch and every trigger is logged (logger "lpjax.train._precision").
 
@@ -48,7 +50,7 @@ from lpjax.quant import QuantPolicy
 
 log = logging.getLogger("lpjax.train.precision")
 
-PHASES = ("warmup", "low", "fallback", "finish")
+PHASES = ("warmup", "low", "fallback", "qaf", "finish")
 
 
 class ScheduleState(NamedTuple):
@@ -68,6 +70,7 @@ class PrecisionSchedule:
   high_precision: str = "bf16"  # recipe of the warm-up and finish phases
   warmup_fraction: float = 0.0  # first fraction of steps in high precision
   finish_fraction: float = 0.0  # last fraction of steps in high precision
+  qaf_fraction: float = 0.0  # fraction of steps before the finish with forward-only quantization
   fallback_factor: float | None = None  # k: loss > k x running median triggers fallback; None = off
   fallback_steps: int = 100  # N: steps in fallback after a trigger
   fallback_recipe: str | None = None  # recipe during fallback; None = high_precision
@@ -77,9 +80,12 @@ class PrecisionSchedule:
   def __post_init__(self):
     if self.total_steps < 1:
       raise ValueError(f"total_steps must be >= 1, got {self.total_steps}.")
-    for name in ("warmup_fraction", "finish_fraction"):
+    for name in ("warmup_fraction", "finish_fraction", "qaf_fraction"):
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}.")
+    if self.warmup_fraction + self.qaf_fraction + self.finish_fraction > 1.0:
+      raise ValueError("warmup_fraction + qaf_fraction + finish_fraction must be <= 1, got "
+                       f"{self.warmup_fraction + self.qaf_fraction + self.finish_fraction:g}.")
     if self.fallback_factor is not None and self.fallback_factor <= 1.0:
       raise ValueError(f"fallback_factor must be > 1, got {self.fallback_factor}.")
 
@@ -92,6 +98,11 @@ class PrecisionSchedule:
     """First step of the high-precision finish (total_steps when there is none)."""
     return self.total_steps - round(self.finish_fraction * self.total_steps)
 
+  @property
+  def qaf_start(self) -> int:
+    """First step of the forward-only (QAF) phase (finish_start when there is none)."""
+    return self.finish_start - round(self.qaf_fraction * self.total_steps)
+
   def init(self) -> ScheduleState:
     return ScheduleState()
 
@@ -103,6 +114,8 @@ class PrecisionSchedule:
       return "finish"
     if step < state.fallback_until:
       return "fallback"
+    if step >= self.qaf_start:
+      return "qaf"
     return "low"
 
   def recipe_of(self, phase: str) -> str | None:
@@ -110,7 +123,7 @@ class PrecisionSchedule:
       return self.high_precision
     if phase == "fallback":
       return self.fallback_recipe or self.high_precision
-    return self.recipe
+    return self.recipe  # low and qaf (the controller drops qaf's backward quantization)
 
   def recipe_at(self, state: ScheduleState, step: int) -> tuple[str | None, ScheduleState]:
     """(recipe of `step`, new state); logs when the phase changes."""
@@ -146,7 +159,8 @@ def build_policy(config) -> QuantPolicy:
   q = config.quant
   return QuantPolicy.from_settings(q.recipe, high_precision=q.high_precision_recipe,
                                    pure=q.policy == "pure", keep_first=q.keep_first,
-                                   keep_last=q.keep_last, residuals=q.residuals)
+                                   keep_last=q.keep_last, keep_last_fraction=q.keep_last_fraction,
+                                   residuals=q.residuals)
 
 
 class PrecisionController:
@@ -158,17 +172,22 @@ class PrecisionController:
     self.schedule = PrecisionSchedule(
         total_steps=config.steps, recipe=None, high_precision=q.high_precision_recipe,
         warmup_fraction=q.warmup_fraction, finish_fraction=q.finish_fraction,
+        qaf_fraction=q.qaf_fraction,
         fallback_factor=q.fallback_factor if q.fallback_factor > 0 else None,
         fallback_steps=q.fallback_steps)
     self.state = self.schedule.init()
 
   def policy_at(self, step: int) -> QuantPolicy:
     recipe, self.state = self.schedule.recipe_at(self.state, step)
-    return self.policy.with_recipe(recipe)
+    policy = self.policy.with_recipe(recipe)
+    if self.state.phase == "qaf":
+      policy = dataclasses.replace(policy, forward_only=True)
+    return policy
 
   def is_low_precision(self, policy: QuantPolicy) -> bool:
-    """True for the run's own (quantized) policy, False for a warm-up/finish/fallback one."""
-    return policy == self.policy
+    """True for the run's own (quantized) policy and its forward-only QAF form, False for a
+    warm-up/finish/fallback one."""
+    return policy in (self.policy, dataclasses.replace(self.policy, forward_only=True))
 
   def observe(self, step: int, loss: float):
     self.state = self.schedule.observe(self.state, step, loss)

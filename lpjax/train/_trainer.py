@@ -150,11 +150,12 @@ class Trainer:
     shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch)
     cache_key = (policy, str(shapes))
     if cache_key not in self._runners:
-      log.info("Compiling the train step for recipe %s.", policy.recipe)
+      name = f"{policy.recipe} (forward only)" if policy.forward_only else policy.recipe
+      log.info("Compiling the train step for recipe %s.", name)
       start = time.perf_counter()
       executable = self.train_step(policy).lower(state, batch, key).compile()
       seconds = time.perf_counter() - start
-      log.info("Train step for recipe %s compiled in %.1f s.", policy.recipe, seconds)
+      log.info("Train step for recipe %s compiled in %.1f s.", name, seconds)
       self.compile_seconds += seconds
       jitted, fell_back = self.train_step(policy), []
 

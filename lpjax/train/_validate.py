@@ -174,6 +174,16 @@ def _check_names(config, problems):
     if config.quant[name] < 0:
       problems.append(f"quant.{name} must be >= 0 (blocks kept in high precision), got "
                       f"{config.quant[name]}.")
+  if not 0.0 <= config.quant.keep_last_fraction < 1.0:
+    problems.append(f"quant.keep_last_fraction must be in [0, 1) (the NVIDIA recipe keeps 0.15), "
+                    f"got {config.quant.keep_last_fraction}.")
+  fractions = {k: config.quant[k] for k in ("warmup_fraction", "qaf_fraction", "finish_fraction")}
+  bad = [f"quant.{k}={v}" for k, v in fractions.items() if not 0.0 <= v <= 1.0]
+  if bad:
+    problems.append(f"{', '.join(bad)}: each phase fraction must be in [0, 1].")
+  elif sum(fractions.values()) > 1.0:
+    problems.append("quant.warmup_fraction + quant.qaf_fraction + quant.finish_fraction must be "
+                    f"<= 1, got {sum(fractions.values()):g}.")
 
 
 def validate(config, device_count: int, process_count: int = 1):

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(__file__))
 import numpy_oracle as O  # noqa: E402
+import nvfp4_scheme_oracle as S  # noqa: E402
 
 from lpjax.quant import _operand as opq  # noqa: E402
 from lpjax.quant import recipes, _ssp as ssp  # noqa: E402
@@ -80,6 +81,11 @@ def ref_operand(x, op, key, gemm, side, block):
     x = np.asarray(hadamard(jnp.asarray(xp), block, signs=jnp.asarray(ref_signs(key, gemm, block))))
   if op is None:
     return x
+  if op.scheme:
+    k = jax.random.fold_in(jax.random.fold_in(key, GEMM_ID[gemm]), side) if key is not None else None
+    if op.scheme == "four_over_six":
+      return S.four_over_six(x, tile=op.format.tile, rounding=op.rounding, key=k)
+    return S.ms_eden(x, group=op.hadamard_block, key=k)
   if op.sr_prescale is not None:
     x = x * np.float32(op.sr_prescale)
   if op.is_ssp:
@@ -115,6 +121,9 @@ def ref_gemms(x, w, dy, recipe, key):
   if r.dgrad.rhs == REUSE_FWD:
     wq = ref_operand(w.T, r.fwd.rhs, key, "fwd", 1, None).T  # forward's Q(W), unrotated
     bw = ref_operand(wq, None, key, "dgrad", 1, b)
+  elif getattr(r.dgrad.rhs, "from_fwd", False):  # re-quantize the forward's Q(W) (compute dtype)
+    wq = _c(ref_operand(w.T, r.fwd.rhs, key, "fwd", 1, None), r).astype(np.float32).T
+    bw = ref_operand(wq, r.dgrad.rhs, key, "dgrad", 1, b)
   else:
     bw = ref_operand(w, r.dgrad.rhs, key, "dgrad", 1, b)
   dx = _c(a, r) @ _c(bw, r).T
@@ -122,6 +131,9 @@ def ref_gemms(x, w, dy, recipe, key):
   if r.wgrad.lhs == REUSE_FWD:
     xq = ref_operand(x, r.fwd.lhs, key, "fwd", 0, None)
     ax = ref_operand(xq.T, None, key, "wgrad", 0, b)
+  elif getattr(r.wgrad.lhs, "from_fwd", False):
+    xq = _c(ref_operand(x, r.fwd.lhs, key, "fwd", 0, None), r).astype(np.float32)
+    ax = ref_operand(xq.T, r.wgrad.lhs, key, "wgrad", 0, b)
   else:
     ax = ref_operand(x.T, r.wgrad.lhs, key, "wgrad", 0, b)
   bdy = ref_operand(dy.T, r.wgrad.rhs, key, "wgrad", 1, b)

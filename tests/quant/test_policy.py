@@ -92,3 +92,18 @@ def test_from_settings_means_the_same_for_every_model():
       keep_high_precision=(r"^conv_in",)).recipe_for("conv_in").name == "mxfp4"
   with pytest.raises(ValueError, match="residuals"):
     QuantPolicy.from_settings("mxfp4", residuals="fp4")
+
+
+@pytest.mark.parametrize("blocks, fraction, kept", [(62, 0.15, 9), (4, 0.15, 1), (16, 0.15, 2),
+                                                    (10, 0.0, 0), (10, 0.5, 5)])
+def test_keep_last_fraction_rounds_and_keeps_at_least_one(blocks, fraction, kept):
+  p = QuantPolicy.from_settings("nvfp4", keep_last_fraction=fraction).for_model(num_blocks=blocks)
+  assert p.kept_last_blocks == kept and p.varies_by_block == bool(fraction)
+  got = [p.recipe_for(f"layers/{i}/mlp/up").name for i in range(blocks)]
+  assert got == ["nvfp4"] * (blocks - kept) + ["bf16"] * kept
+  # keep_last counts too; the larger wins
+  both = QuantPolicy.from_settings("nvfp4", keep_last=3, keep_last_fraction=fraction).for_model(
+      num_blocks=blocks)
+  assert both.kept_last_blocks == max(3, kept)
+  with pytest.raises(ValueError, match="keep_last_fraction"):
+    QuantPolicy(recipe="nvfp4", keep_last_fraction=1.0)

@@ -73,3 +73,27 @@ def test_controller_switches_recipes_through_the_runs_policy():
   assert low is p.policy and p.is_low_precision(low) and not p.is_low_precision(warm)
   assert warm.recipe == "bf16" and warm.keep_last_blocks == 1  # the keeps stay
   assert low.for_model(num_blocks=4).recipe_for("layers/0/mlp/up").residuals == "quantized"
+
+
+def test_qaf_phase_before_the_finish_quantizes_the_forward_only():
+  """FP4 All the Way's QAF: the last steps before the finish drop the backward quantization."""
+  s = PrecisionSchedule(total_steps=20, recipe=None, warmup_fraction=0.1, qaf_fraction=0.25,
+                        finish_fraction=0.1)
+  state, phases = s.init(), []
+  for step in range(20):
+    _, state = s.recipe_at(state, step)
+    phases.append(state.phase)
+  assert phases == ["warmup"] * 2 + ["low"] * 11 + ["qaf"] * 5 + ["finish"] * 2
+  with pytest.raises(ValueError, match="<= 1"):
+    PrecisionSchedule(total_steps=10, warmup_fraction=0.5, qaf_fraction=0.6)
+  c = llama_config("tiny", recipe="nvfp4")
+  c.steps, c.quant.qaf_fraction, c.quant.keep_last_fraction = 10, 0.3, 0.5
+  p = PrecisionController(c)
+  low, qaf = p.policy_at(6), p.policy_at(7)
+  assert low is p.policy and not low.forward_only and qaf.forward_only
+  assert p.is_low_precision(qaf) and p.policy_at(9) == qaf
+  r = qaf.for_model(num_blocks=4).recipe_for("layers/0/mlp/up")
+  assert r.fwd == low.for_model(num_blocks=4).recipe_for("layers/0/mlp/up").fwd
+  assert r.dgrad.operands() == (None, None) and r.wgrad.operands() == (None, None)
+  # keep_last_fraction 0.5 of 4 blocks: the last two stay bf16 in both phases.
+  assert qaf.for_model(num_blocks=4).recipe_for("layers/2/mlp/up").name == "bf16"
