@@ -84,6 +84,16 @@ SWEEPS: dict[str, list[Row]] = {
     # MXFP4 RTN block size.
     "block_size": _named(Row("b16", "mxfp4_naive:block_size=16"), Row("b32", "mxfp4_naive"),
                          Row("b64", "mxfp4_naive:block_size=64")),
+    # Every FP4 preset side by side (and the NVIDIA layer policy, the QAF finish, Stable-SPAM),
+    # meant for 1000+ steps and 3 seeds, where the ranking is stable.
+    "recipes": _named(
+        Row("bf16", "bf16"), Row("mxfp4_naive", "mxfp4_naive"), Row("mxfp4", "mxfp4"),
+        Row("nvfp4", "nvfp4"),
+        Row("nvfp4_nvidia", "nvfp4", overrides=(("quant.keep_last_fraction", 0.15),)),
+        Row("nvfp4_4over6", "nvfp4_4over6"), Row("quartet2", "quartet2"),
+        Row("mxfp4_qaf", "mxfp4", overrides=(("quant.qaf_fraction", HP_FRACTION),)),
+        Row("mxfp4_bwd", "mxfp4_bwd"), Row("nvfp4_bwd_ms_eden", "nvfp4_bwd_ms_eden"),
+        Row("fp32_stable_spam", "fp32", "stable_spam"), Row("mxfp4_stable_spam", "mxfp4", "stable_spam")),
     # Exactly the rows the quality goals compare (ablate_report.quality_goals).
     "quality": _named(
         Row("mxfp4_bwd_adam", "mxfp4_bwd"), Row("mxfp4_adam", "mxfp4"), Row("nvfp4_adam", "nvfp4"),
@@ -107,6 +117,10 @@ DESCRIPTIONS = {
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
+    "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "
+               "nvfp4, nvfp4 with its last 15% of blocks in bf16, nvfp4_4over6, quartet2), the "
+               f"QAF finish (last {HP_FRACTION:.0%} forward-only), backward-only (mxfp4_bwd, "
+               "nvfp4_bwd_ms_eden) and Stable-SPAM in FP32 and MXFP4.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",
 }
 
