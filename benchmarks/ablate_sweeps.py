@@ -90,7 +90,7 @@ SWEEPS: dict[str, list[Row]] = {
         Row("bf16", "bf16"), Row("mxfp4_naive", "mxfp4_naive"), Row("mxfp4", "mxfp4"),
         Row("nvfp4", "nvfp4"),
         Row("nvfp4_nvidia", "nvfp4", overrides=(("quant.keep_last_fraction", 0.15),)),
-        Row("nvfp4_4over6", "nvfp4_4over6"), Row("quartet2", "quartet2"),
+        Row("quartet", "quartet"), Row("nvfp4_4over6", "nvfp4_4over6"), Row("quartet2", "quartet2"),
         Row("mxfp4_qaf", "mxfp4", overrides=(("quant.qaf_fraction", HP_FRACTION),)),
         Row("mxfp4_bwd", "mxfp4_bwd"), Row("nvfp4_bwd_ms_eden", "nvfp4_bwd_ms_eden"),
         Row("fp32_stable_spam", "fp32", "stable_spam"), Row("mxfp4_stable_spam", "mxfp4", "stable_spam")),
@@ -118,7 +118,7 @@ DESCRIPTIONS = {
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "
-               "nvfp4, nvfp4 with its last 15% of blocks in bf16, nvfp4_4over6, quartet2), the "
+               "nvfp4, nvfp4 with its last 15% of blocks in bf16, quartet, nvfp4_4over6, quartet2), the "
                f"QAF finish (last {HP_FRACTION:.0%} forward-only), backward-only (mxfp4_bwd, "
                "nvfp4_bwd_ms_eden) and Stable-SPAM in FP32 and MXFP4.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",

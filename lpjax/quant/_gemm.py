@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 
 from lpjax.quant import _operand as opq
+from lpjax.quant._hadamard import hadamard
+from lpjax.quant._quest import quest
 from lpjax.quant._operand import LHS, RHS
 from lpjax.quant import recipes
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
@@ -81,7 +83,28 @@ def _mm(a, b, a_axis: int, b_axis: int, cfg: _Static):
 
 def _signs(key, recipe: GemmRecipe, gemm: str):
   block = getattr(recipe, gemm).hadamard_block
+  if gemm == "fwd" and recipe.trust_masked:
+    return None, block  # QuEST: a fixed Hadamard transform, no random signs (Quartet)
   return (opq.hadamard_signs(key, gemm, block) if block else None), block
+
+
+def _through_trust_mask(g, x, side: int, key, recipe: GemmRecipe):
+  """QuEST's backward: gradient g of the rotated, quantized operand -> gradient of `x`.
+
+  g is dX (M, Kp) for side LHS or dW (Kp, N) for RHS, in the forward's rotated domain (the
+  backward GEMMs multiplied the forward's Q(X) / Q(W)); it is zeroed where the forward clipped
+  (the trust mask, recomputed from x), rotated back along K and cropped to x's K.
+  """
+  signs, block = _signs(key, recipe, "fwd")
+  op = recipe.fwd.operands()[side]
+  xk, _ = _to_last(x, -1 if side == LHS else -2, True)  # X (M, K) / W^T (N, K)
+  mask = quest(opq.rotate(xk, block, -1, signs), op.format.block_size)[1]
+  k_axis = -1 if side == LHS else -2
+  if side == RHS:
+    mask = jnp.swapaxes(mask, -1, -2)
+  g = hadamard(jnp.where(mask, g, jnp.zeros((), g.dtype)), block, axis=k_axis, signs=signs,
+               inverse=True)
+  return jax.lax.slice_in_dim(g, 0, x.shape[k_axis], axis=g.ndim + k_axis)
 
 
 def _to_last(x, axis: int, work: bool):
@@ -217,6 +240,9 @@ def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   # wgrad: dW = X^T dY, contraction over M; computed as (dY^T X)^T like jax's own transpose rule.
   dy_m = _operand(dy, "wgrad", RHS, -2, key, r)
   dw = jnp.swapaxes(_mm_out(dy_m, x_m, cfg), -1, -2)
+  if r.trust_masked:
+    dx = _through_trust_mask(dx, x_res, LHS, key, r)
+    dw = _through_trust_mask(dw, w_res, RHS, key, r)
   return dx.astype(lhs_dtype), dw.astype(rhs_dtype), None  # no cotangent for the key
 
 

@@ -34,7 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.quant import _formats as formats, _ssp as ssp
-from lpjax.quant._nvfp4_schemes import BLOCK as SCHEME_BLOCK, SCHEMES
+from lpjax.quant._nvfp4_schemes import BLOCK as SCHEME_BLOCK, SCHEMES as NVFP4_SCHEMES
+
+SCHEMES = NVFP4_SCHEMES + ("quest",)  # OperandQuant.scheme values (docs/numerics.md §7b)
 
 REUSE_FWD = "reuse_fwd"  # backward operand = the forward GEMM's fake-quantized X or W (STE)
 RESIDUAL_MODES = ("high_precision", "quantized")
@@ -61,7 +63,7 @@ class OperandQuant:
   scale_mode: str | None = None  # e8m0 scale rule (floor / ceil / even / rceil); None = format default
   hadamard_block: int | None = None  # RHT block along the contraction axis; both operands must agree
   sr_prescale: float | None = None  # multiply before rounding, divide after (Tseng et al.: 0.75)
-  scheme: str | None = None  # NVFP4 block-scale scheme: "four_over_six" / "ms_eden" (docs/numerics.md §7b)
+  scheme: str | None = None  # "four_over_six" / "ms_eden" (NVFP4) / "quest" (MXFP4 fwd); numerics.md §7b
   from_fwd: bool = False  # backward W / X only: quantize the forward's fake-quantized operand
 
   def __post_init__(self):
@@ -93,6 +95,9 @@ class OperandQuant:
     if self.scheme not in SCHEMES:
       raise ValueError(f"scheme must be one of {SCHEMES} or None, got {self.scheme!r}.")
     fmt = None if self.is_ssp else self.format
+    if self.scheme == "quest":
+      self._check_quest(fmt)
+      return
     if (fmt is None or (fmt.element.name, fmt.scale, fmt.block_size, fmt.tensor_scale)
         != ("e2m1", "ue4m3", SCHEME_BLOCK, True)):
       raise ValueError(f"scheme={self.scheme!r} quantizes to NVFP4: use fmt 'nvfp4' (or "
@@ -114,6 +119,18 @@ class OperandQuant:
         raise ValueError("scheme='ms_eden' corrects each Hadamard group: set hadamard_block to a "
                          f"multiple of {SCHEME_BLOCK} (Quartet II uses 128), got "
                          f"{self.hadamard_block!r}.")
+
+  def _check_quest(self, fmt):
+    if fmt is None or (fmt.element.name, fmt.scale, fmt.block_size, fmt.tile) != ("e2m1", "e8m0", 32, False):
+      raise ValueError(f"scheme='quest' quantizes to MXFP4: use fmt 'mxfp4', got {self.fmt!r}.")
+    if (self.rounding != "nearest_even" or self.scale_mode is not None
+        or self.sr_prescale is not None):
+      raise ValueError("scheme='quest' has its own scale (RMS-based) and rounding (to nearest, ties "
+                       "toward zero, as Quartet's kernel): leave rounding, scale_mode and "
+                       "sr_prescale at their defaults.")
+    if not self.hadamard_block:
+      raise ValueError("scheme='quest' quantizes after a Hadamard transform: set hadamard_block "
+                       "(Quartet: 32).")
 
   @property
   def is_ssp(self) -> bool:
@@ -204,13 +221,37 @@ class GemmRecipe:
       object.__setattr__(self, "compute_dtype", np.dtype(jnp.dtype(self.compute_dtype)))
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"residuals must be one of {RESIDUAL_MODES}, got {self.residuals!r}.")
+    self._check_quest()
     fwd_rht = self.fwd.hadamard_block is not None
-    reuses = any(op == REUSE_FWD or (isinstance(op, OperandQuant) and op.from_fwd)
+    reuses = any(op == REUSE_FWD or (isinstance(op, OperandQuant) and op.from_fwd
+                                     and not self.trust_masked)
                  for op in (self.dgrad.rhs, self.wgrad.lhs))
     if fwd_rht and reuses:
       raise ValueError("REUSE_FWD / from_fwd cannot be combined with a forward Hadamard transform: "
                        "the reused operand would be rotated along an axis the backward GEMM does "
                        "not contract.")
+
+  def _check_quest(self):
+    quest = {(g, side): isinstance(op, OperandQuant) and op.scheme == "quest"
+             for g in GEMMS for side, op in zip(("lhs", "rhs"), getattr(self, g).operands())}
+    if not any(quest.values()):
+      return
+    if not (quest[("fwd", "lhs")] and quest[("fwd", "rhs")]) or any(
+        v for (g, _), v in quest.items() if g != "fwd"):
+      raise ValueError("scheme='quest' is a forward quantizer: put it on both forward operands "
+                       "(fwd.lhs and fwd.rhs) and nowhere else.")
+    if REUSE_FWD in (self.dgrad.rhs, self.wgrad.lhs):
+      raise ValueError("scheme='quest' backpropagates through its trust mask: use from_fwd=True "
+                       "operands (or high precision) in the backward GEMMs, not REUSE_FWD.")
+    if self.residuals == "quantized":
+      raise ValueError("scheme='quest' recomputes its trust mask from the high-precision operands "
+                       "in the backward pass: residuals='quantized' is not supported.")
+
+  @property
+  def trust_masked(self) -> bool:
+    """True when the forward quantizer is QuEST: the backward GEMMs run in its rotated domain, and
+    their results pass through its trust mask and the inverse Hadamard transform."""
+    return isinstance(self.fwd.lhs, OperandQuant) and self.fwd.lhs.scheme == "quest"
 
   @property
   def is_high_precision(self) -> bool:

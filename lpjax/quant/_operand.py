@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.quant import _nvfp4_schemes as schemes, _ssp as ssp
+from lpjax.quant._quest import quest
 from lpjax.quant._hadamard import hadamard, random_signs
 from lpjax.quant._packing import unpack_fp4
 from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize
@@ -97,7 +98,8 @@ def _quantize_kwargs(op: OperandQuant, axis: int, key):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _scheme_fake(xs, key, op: OperandQuant, axis: int, block: int | None):
-  """An NVFP4 scheme's fake quantization along `axis`, with a straight-through gradient."""
+  """A scheme's fake quantization along `axis`, with a straight-through gradient (QuEST's trust
+  mask is applied by the GEMM's backward, `lpjax.quant._gemm`)."""
   if op.stochastic and key is None:
     raise ValueError(f"Operand quantizer {op} rounds stochastically and needs a key: pass "
                      "key=jax.random.key(...) to dot_general (or a 'quant' RNG stream to the layer).")
@@ -105,6 +107,8 @@ def _scheme_fake(xs, key, op: OperandQuant, axis: int, block: int | None):
   x = jnp.moveaxis(xs.astype(jnp.float32), axis, -1)
   if op.scheme == "four_over_six":
     y = schemes.four_over_six(x, tile=op.format.tile, rounding=op.rounding, key=key)
+  elif op.scheme == "quest":
+    y = quest(x, op.format.block_size)[0]
   else:
     if block != op.hadamard_block:
       raise ValueError(f"scheme='ms_eden' runs after its GEMM's Hadamard transform of block "
@@ -183,7 +187,7 @@ def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None 
   saturated = jnp.zeros(xs.shape, bool)
   if op.is_ssp:  # scaled by the absmax of what they round: these grids cannot saturate
     x_hat = ssp.quantize_ssp(xs, op.fmt, axis=axis).astype(jnp.float32)
-  elif op.scheme:  # scales chosen per block: saturation is not tracked
+  elif op.scheme:  # scales chosen per block (QuEST: clipping is its trust mask): not tracked
     x_hat = _scheme_fake(xs, key, op, axis % xs.ndim, block).astype(jnp.float32)
   else:
     q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))

@@ -7,6 +7,7 @@
 | fp8 | e4m3, e4m3 tensor | e5m2, e4m3 | e4m3, e5m2 | TE Float8CurrentScaling(HYBRID) |
 | mxfp8 | MXFP8 e4m3 (rceil) | same | same | TE MXFP8BlockScaling; Mishra et al. 2025 |
 | mxfp4 | MXFP4 RTN + RHT-32 | MXFP4 SR x3/4 (rceil) + RHT-32 | same | Quartet (Castro et al. 2025) |
+| quartet | QuEST MXFP4 (RMS scale, trust mask) + H-32 | MXFP4 SR x3/4 + RHT-32 of dY and fwd Q(W) | same, fwd Q(X) | Quartet (Castro et al. 2025) |
 | mxfp4_bwd | bf16 | MXFP4 SR x3/4 (rceil) + RHT-64 | same | Tseng et al. 2025 |
 | nvfp4 | NVFP4 1x16, W 16x16 | dY SR, W 16x16 | RHT-16, dY SR | NVIDIA NVFP4 paper 2025 |
 | mxfp4_e4m3scale | e2m1 / ue4m3 @32 RTN + RHT-32 | SR + RHT-32 | same | E4M3-vs-E8M0 ablation |
@@ -84,6 +85,20 @@ def _mxfp4():
   sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
                     sr_prescale=0.75)
   return GemmRecipe(fwd=_same(fwd), dgrad=_same(sr), wgrad=_same(sr), compute_dtype=BF16, name="mxfp4")
+
+
+def _quartet():
+  """Quartet as released (Castro et al. 2025, arXiv 2505.14669, §4; IST-DASLab/Quartet
+  `main_setup.sh`: QuestMXFP4Quantizer for W and A, AlbertTseng SR gradients, backward scheme
+  "Q(E)Q(Wt)t_Q(Et)Q(Xt)t"): forward QuEST on X and W after a fixed Hadamard-32 (RMS-based scale,
+  ties toward zero, trust-masked straight-through gradient); backward MXFP4 SR x3/4 with a random
+  Hadamard-32 on dY and on the forward's Q(W) / Q(X) (docs/numerics.md §7b)."""
+  fwd = OperandQuant("mxfp4", scheme="quest", hadamard_block=32)
+  sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
+                    sr_prescale=0.75)
+  from_fwd = dataclasses.replace(sr, from_fwd=True)
+  return GemmRecipe(fwd=_same(fwd), dgrad=GemmQuant(lhs=sr, rhs=from_fwd),
+                    wgrad=GemmQuant(lhs=from_fwd, rhs=sr), compute_dtype=BF16, name="quartet")
 
 
 def _mxfp4_bwd():
@@ -197,7 +212,7 @@ def _ssp_int4():
 _BUILDERS = {
     "fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "mxfp8": _mxfp8, "mxfp4": _mxfp4,
     "mxfp4_bwd": _mxfp4_bwd, "nvfp4": _nvfp4, "mxfp4_e4m3scale": _mxfp4_e4m3scale,
-    "mxfp4_naive": _mxfp4_naive, "nvfp4_4over6": _nvfp4_4over6, "quartet2": _quartet2,
+    "mxfp4_naive": _mxfp4_naive, "quartet": _quartet, "nvfp4_4over6": _nvfp4_4over6, "quartet2": _quartet2,
     "nvfp4_bwd_ms_eden": _nvfp4_bwd_ms_eden, "ssp_fp4": _ssp_fp4, "ssp_int4": _ssp_int4,
 }
 NAMES = tuple(_BUILDERS)

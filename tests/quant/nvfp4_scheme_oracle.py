@@ -119,3 +119,24 @@ def ms_eden(x, *, group, key):
   x = np.asarray(x, F32)
   u = uniforms(key, x.shape[:-1] + (x.shape[-1] // group, group // 16, 1))[..., 0]
   return np_ms_eden(x, group, u)
+
+
+def quest(x, group=32):
+  """QuEST (Quartet's forward quantizer) of x along its last axis: (values, trust mask)."""
+  x = np.asarray(x, F32)
+  g = x.reshape(x.shape[:-1] + (-1, group))
+  inv = F32(1 / group)
+  mean_sq = (np_tree_sum((g * g).astype(F32)) * inv).astype(F32)
+  mean = (np_tree_sum(g) * inv).astype(F32)
+  var = (mean_sq - (mean * mean).astype(F32)).astype(F32)
+  std = np.sqrt(np.maximum(var, F32(0))).astype(F32)
+  scale = (F32(2.92247856 / 6.0) * std + F32(1e-8)).astype(F32)
+  _, exp = np.frexp(scale)  # scale = m 2^exp, m in [0.5, 1): 2^floor(log2 scale) = 2^(exp - 1)
+  e = np.ldexp(F32(1), exp - 1).astype(F32)[..., None]
+  t = (g / e).astype(F32)
+  a = np.minimum(np.abs(t), F32(6))
+  hi = np.searchsorted(GRID, a, side="left").clip(0, 7)
+  lo = np.where(GRID[hi] == a, hi, hi - 1).clip(0, 7)
+  q = np.where(a - GRID[lo] <= GRID[hi] - a, GRID[lo], GRID[hi])  # ties toward zero
+  q = np.where(t < 0, -q, q)
+  return (q * e).astype(F32).reshape(x.shape), (np.abs(t) < 6).reshape(x.shape)

@@ -78,9 +78,13 @@ def ref_operand(x, op, key, gemm, side, block):
     # must see its exact float32 result.
     pad = (-x.shape[-1]) % block
     xp = np.concatenate([x, np.zeros(x.shape[:-1] + (pad,), np.float32)], -1) if pad else x
-    x = np.asarray(hadamard(jnp.asarray(xp), block, signs=jnp.asarray(ref_signs(key, gemm, block))))
+    quest = gemm == "fwd" and getattr(op, "scheme", None) == "quest"  # Quartet: no random signs
+    signs = np.ones(block, np.float32) if quest else ref_signs(key, gemm, block)
+    x = np.asarray(hadamard(jnp.asarray(xp), block, signs=jnp.asarray(signs)))
   if op is None:
     return x
+  if op.scheme == "quest":
+    return S.quest(x, op.format.block_size)[0]
   if op.scheme:
     k = jax.random.fold_in(jax.random.fold_in(key, GEMM_ID[gemm]), side) if key is not None else None
     if op.scheme == "four_over_six":
@@ -122,7 +126,7 @@ def ref_gemms(x, w, dy, recipe, key):
     wq = ref_operand(w.T, r.fwd.rhs, key, "fwd", 1, None).T  # forward's Q(W), unrotated
     bw = ref_operand(wq, None, key, "dgrad", 1, b)
   elif getattr(r.dgrad.rhs, "from_fwd", False):  # re-quantize the forward's Q(W) (compute dtype)
-    wq = _c(ref_operand(w.T, r.fwd.rhs, key, "fwd", 1, None), r).astype(np.float32).T
+    wq = _c(fw_t, r).astype(np.float32).T
     bw = ref_operand(wq, r.dgrad.rhs, key, "dgrad", 1, b)
   else:
     bw = ref_operand(w, r.dgrad.rhs, key, "dgrad", 1, b)
@@ -132,12 +136,18 @@ def ref_gemms(x, w, dy, recipe, key):
     xq = ref_operand(x, r.fwd.lhs, key, "fwd", 0, None)
     ax = ref_operand(xq.T, None, key, "wgrad", 0, b)
   elif getattr(r.wgrad.lhs, "from_fwd", False):
-    xq = _c(ref_operand(x, r.fwd.lhs, key, "fwd", 0, None), r).astype(np.float32)
+    xq = _c(fx, r).astype(np.float32)
     ax = ref_operand(xq.T, r.wgrad.lhs, key, "wgrad", 0, b)
   else:
     ax = ref_operand(x.T, r.wgrad.lhs, key, "wgrad", 0, b)
   bdy = ref_operand(dy.T, r.wgrad.rhs, key, "wgrad", 1, b)
   dw = _c(ax, r) @ _c(bdy, r).T
+  if r.trust_masked:  # QuEST: gradients in the rotated domain -> trust mask -> rotate back
+    b, ones = r.fwd.hadamard_block, np.ones(r.fwd.hadamard_block)
+    rotated = lambda a: np.asarray(hadamard(jnp.asarray(np.pad(a, [(0, 0), (0, (-K) % b)])), b))
+    mask_x, mask_w = S.quest(rotated(x), 32)[1], S.quest(rotated(w.T), 32)[1]
+    dx = ref_rotate(dx * mask_x, b, ones)[:, :K]
+    dw = ref_rotate(dw.T * mask_w, b, ones)[:, :K].T
   return y, dx, dw
 
 

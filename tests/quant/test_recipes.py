@@ -29,7 +29,7 @@ def _fmt_name(op):
 
 def test_names_and_lookup():
   assert set(recipes.NAMES) == {"fp32", "bf16", "fp8", "mxfp8", "mxfp4", "mxfp4_bwd", "nvfp4",
-                                "mxfp4_e4m3scale", "mxfp4_naive", "nvfp4_4over6", "quartet2",
+                                "mxfp4_e4m3scale", "mxfp4_naive", "quartet", "nvfp4_4over6", "quartet2",
                                 "nvfp4_bwd_ms_eden", "ssp_fp4", "ssp_int4"}
   for name in recipes.NAMES:
     r = recipes.get(name)
