@@ -38,9 +38,10 @@ U32 = jnp.uint32
 I32 = jnp.int32
 U8 = jnp.uint8
 F32 = jnp.float32
-# Slots of the params vector (KEY_ROWS: the key of the first direction, KEY_COLS: the second).
-KEY_ROWS, KEY_COLS, AMAX_T, NV_C_SIG, NV_C_EXP, NV_RECIP = 0, 2, 4, 5, 6, 7
-N_PARAMS = 8
+# Slots of the params vector (KEY_ROWS: the key of the first direction, KEY_COLS: the second;
+# FLAT_OFFSET: added to every flat index, the global position of a shard's first element).
+KEY_ROWS, KEY_COLS, AMAX_T, NV_C_SIG, NV_C_EXP, NV_RECIP, FLAT_OFFSET = 0, 2, 4, 5, 6, 7, 8
+N_PARAMS = 16  # a power of two (a Triton block); slots 9.. unused
 
 
 def make_params(key_rows=None, key_cols=None, amax_t_bits=None, nvfp4=None):
@@ -101,7 +102,8 @@ def _flat_index(view, tile):
 
 
 def _random_bits(params_ref, slot, view, tile):
-  return tc.random_bits(_flat_index(view, tile), params_ref[slot], params_ref[slot + 1])
+  flat = _flat_index(view, tile) + params_ref[FLAT_OFFSET]
+  return tc.random_bits(flat, params_ref[slot], params_ref[slot + 1])
 
 
 def _nvfp4(params_ref, fmt):

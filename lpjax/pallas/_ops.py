@@ -25,7 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from lpjax.pallas import _kernels as kernels, _plan as plan
+from lpjax.pallas import _kernels as kernels, _plan as plan, _sharded as sharded
 from lpjax.pallas import _support as sp
 from lpjax.pallas import _tile_codec as tc
 from lpjax.quant import _fp32_bits as fb
@@ -95,16 +95,25 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
   x = sp.check_input(x)
   fmt, scale_mode = sp.check_options(fmt, rounding, scale_mode, key)
   axis = sp.normalize_axis(axis, x.shape, fmt)
-  direction = "rows" if axis == x.ndim - 1 else "cols"
-  view = plan.make_view(x.shape, axis, fmt.block_size, (direction,), tile=tile)
   amax_t_bits, consts = nvfp4_inputs(fmt, x, tensor_amax)
   params = kernels.make_params(key_rows=key if rounding == "stochastic" else None,
                                amax_t_bits=amax_t_bits, nvfp4=consts)
-  outs = kernels.quantize(params, view.to_2d(sp.kernel_input(x)), view=view, fmt=fmt,
-                          rounding=rounding, scale_mode=scale_mode,
-                          interpret=sp.resolve_interpret(interpret))
-  [(codes, scales)] = unview(outs, view, fmt, x.shape, {direction: axis})
+  static = (fmt, axis, rounding, scale_mode, sp.resolve_interpret(interpret), plan.check_tile(tile))
+  if sharded.use_partitioning() and _leading_block(fmt, axis, x.ndim) is None:
+    codes, scales = sharded.partitioned(_quantize_local, static, x.ndim, 2, None)(x, params)
+  else:
+    codes, scales = _quantize_local(x, params, static)
   return make_qarray(codes, scales, amax_t_bits, fmt, x.shape, axis, x.dtype)
+
+
+def _quantize_local(x, params, static):
+  fmt, axis, rounding, scale_mode, interpret, tile = static
+  direction = "rows" if axis == x.ndim - 1 else "cols"
+  view = plan.make_view(x.shape, axis, fmt.block_size, (direction,), tile=tile)
+  outs = kernels.quantize(params, view.to_2d(sp.kernel_input(x)), view=view, fmt=fmt,
+                          rounding=rounding, scale_mode=scale_mode, interpret=interpret)
+  [(codes, scales)] = unview(outs, view, fmt, x.shape, {direction: axis})
+  return codes, scales
 
 
 def double_quantize(x, fmt, *, rounding: str = "nearest_even", scale_mode=None, key=None,
@@ -157,14 +166,27 @@ def dequantize(q: QArray, dtype=jnp.float32, *, interpret=None, tile=None) -> ja
   return view.from_2d(out, view.m, view.n, q.shape)
 
 
-def _fake_impl(x, params, static):
+def _fake_local(x, params, static):
   fmt, axis, rounding, scale_mode, interpret, tile = static
   direction = "rows" if axis == x.ndim - 1 else "cols"
   view = plan.make_view(x.shape, axis, fmt.block_size, (direction,), tile=tile)
   out = kernels.fake_quant(params, view.to_2d(sp.kernel_input(x)), view=view, fmt=fmt,
                            rounding=rounding, scale_mode=scale_mode, out_dtype=x.dtype,
                            interpret=interpret)
-  return view.from_2d(out, view.m, view.n, x.shape)
+  return (view.from_2d(out, view.m, view.n, x.shape),)
+
+
+def _leading_block(fmt, axis: int, ndim: int):
+  """The block length along axis 0 if the quantizer blocks it (else None)."""
+  return fmt.block_size if axis == 0 or (fmt.tile and ndim == 2) else None
+
+
+def _fake_impl(x, params, static):
+  fmt, axis = static[:2]
+  if sharded.use_partitioning():
+    op = sharded.partitioned(_fake_local, static, x.ndim, 1, _leading_block(fmt, axis, x.ndim))
+    return op(x, params)[0]
+  return _fake_local(x, params, static)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

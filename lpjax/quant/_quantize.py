@@ -78,14 +78,13 @@ def _check_impl(impl):
 
 
 def _auto_uses_kernels() -> bool:
-  """impl="auto": the kernels on a single GPU; XLA elsewhere, and when LPJAX_PALLAS_AUTO=0.
-
-  With several devices XLA would gather a sharded operand around the kernel (a pallas_call has no
-  partitioning rule), so "auto" keeps XLA there; call impl="pallas" inside shard_map instead.
+  """impl="auto": the kernels on GPUs (one or several: lpjax.pallas._sharded gives them a
+  partitioning rule, so each device quantizes its own shard); XLA elsewhere, and when
+  LPJAX_PALLAS_AUTO=0.
   """
   if os.environ.get("LPJAX_PALLAS_AUTO", "1") == "0":
     return False
-  return jax.default_backend() == "gpu" and jax.device_count() == 1
+  return jax.default_backend() == "gpu"
 
 
 def _kernel_backend(impl, fmt):

@@ -77,7 +77,7 @@ def test_auto_can_be_switched_off(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert not Q._auto_uses_kernels()
   monkeypatch.setenv("LPJAX_PALLAS_AUTO", "1")
-  assert Q._auto_uses_kernels() == (jax.device_count() == 1)  # 8 CPU devices in the tests: no
+  assert Q._auto_uses_kernels()  # on GPUs, however many (the kernels partition per shard)
 
 
 def test_impl_pallas_on_cpu_runs_the_kernel_in_interpret_mode(spy):
