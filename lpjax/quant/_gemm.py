@@ -139,6 +139,8 @@ def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pac
     op = None
   elif isinstance(op, OperandQuant) and op.from_fwd:  # re-quantize the forward's Q(X) / Q(W)
     x, axis = _reuse(x, side, axis, key, recipe)
+  elif op is None and recipe.trust_masked and (gemm, side) in (("dgrad", RHS), ("wgrad", LHS)):
+    x, axis = _reuse(x, side, axis, key, recipe)  # QuEST's backward runs in the rotated domain
   signs, block = _signs(key, recipe, gemm)
   x, axis = _to_last(x, axis, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)

@@ -125,7 +125,8 @@ def ref_gemms(x, w, dy, recipe, key):
   if r.dgrad.rhs == REUSE_FWD:
     wq = ref_operand(w.T, r.fwd.rhs, key, "fwd", 1, None).T  # forward's Q(W), unrotated
     bw = ref_operand(wq, None, key, "dgrad", 1, b)
-  elif getattr(r.dgrad.rhs, "from_fwd", False):  # re-quantize the forward's Q(W) (compute dtype)
+  elif getattr(r.dgrad.rhs, "from_fwd", False) or (r.dgrad.rhs is None and r.trust_masked):
+    # re-quantize (or, QuEST with a high-precision backward, use) the forward's Q(W)
     wq = _c(fw_t, r).astype(np.float32).T
     bw = ref_operand(wq, r.dgrad.rhs, key, "dgrad", 1, b)
   else:
@@ -135,7 +136,7 @@ def ref_gemms(x, w, dy, recipe, key):
   if r.wgrad.lhs == REUSE_FWD:
     xq = ref_operand(x, r.fwd.lhs, key, "fwd", 0, None)
     ax = ref_operand(xq.T, None, key, "wgrad", 0, b)
-  elif getattr(r.wgrad.lhs, "from_fwd", False):
+  elif getattr(r.wgrad.lhs, "from_fwd", False) or (r.wgrad.lhs is None and r.trust_masked):
     xq = _c(fx, r).astype(np.float32)
     ax = ref_operand(xq.T, r.wgrad.lhs, key, "wgrad", 0, b)
   else:
@@ -174,7 +175,8 @@ def _assert_close(got, ref, what):
 RESIDUAL_CHECKS = ("bf16", "fp8", "mxfp4", "mxfp4_bwd", "mxfp4_naive", "ssp_fp4", "ssp_int4")
 
 
-@pytest.mark.parametrize("name", recipes.NAMES)
+# Plus QuEST with a high-precision backward (the QAF phase, `gemms=fwd`): still the rotated domain.
+@pytest.mark.parametrize("name", recipes.NAMES + ("quartet:gemms=fwd",))
 def test_every_gemm_uses_the_recipe_operands(name):
   """Y, dX and dW of each preset equal the numpy products of the operands the recipe names,
   and residuals="quantized" gives bit-identical gradients (same quantizers, same keys)."""
