@@ -3,9 +3,8 @@
 Adam-type moments kept in bfloat16 with round-to-nearest stagnate: with b2 = 0.999 the
 update ``0.999 v + 0.001 g^2`` usually rounds back to ``v``. Stochastic rounding (SR) keeps the
 stored value unbiased, ``E[store(x)] = x``, so the moments track their float32 values on average
-while taking half the memory. The random bits are a counter hash of (key, element index) (see
-``random_bits``) with a ``jax.random`` key derived from ``(seed, step)``, so a run is reproducible
-and resuming from a checkpoint replays the same bits.
+while taking half the memory. The random bits come from ``jax.random`` with a key derived from
+``(seed, step)``, so a run is reproducible and resuming from a checkpoint replays the same bits.
 
 The rounding is done with integer operations on the float32 bits (add 16 random bits below the
 bfloat16 mantissa, then truncate), the same add-and-truncate convention as docs/numerics.md §6.
@@ -17,38 +16,6 @@ import jax
 import jax.numpy as jnp
 
 _LOW_HALF = 16  # float32 has 16 more mantissa bits than bfloat16
-U32 = jnp.uint32
-
-
-def _fmix32(h):
-  """MurmurHash3's 32-bit finalizer (a bijection with full avalanche)."""
-  h = (h ^ (h >> 16)) * U32(0x85EBCA6B)
-  h = (h ^ (h >> 13)) * U32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def random_bits(key: jax.Array, shape) -> jax.Array:
-  """uint32 random bits of ``shape``: a hash of each element's row-major index and the key.
-
-  Elementwise, so XLA fuses it into the rounding that uses it (``jax.random.bits``' threefry
-  keeps param-sized uint32 temporaries on some backends: the largest peak buffers of a bf16-state
-  optimizer step on CPU). Not for cryptography; for unbiased rounding noise it is ample.
-
-  Examples:
-    >>> import jax
-    >>> bits = random_bits(jax.random.key(0), (2, 3))
-    >>> bits.dtype, bool((bits == random_bits(jax.random.key(0), (2, 3))).all())
-    (dtype('uint32'), True)
-  """
-  data = jax.random.key_data(key).reshape(-1).astype(U32)
-  k0, k1 = data[0], data[-1]
-  index = jnp.zeros(shape, U32)
-  stride = 1
-  for dim in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(U32, shape, dim) * U32(stride % 2**32)
-    stride *= shape[dim]
-  h = _fmix32((index * U32(0x9E3779B1)) ^ k0)
-  return _fmix32(h ^ k1 ^ U32(0x7F4A7C15))
 
 
 def float_dtype(dtype) -> jnp.dtype:
@@ -86,7 +53,7 @@ def stochastic_round_to_bf16(x: jax.Array, key: jax.Array) -> jax.Array:
     True
   """
   x = jnp.asarray(x)
-  noise = random_bits(key, x.shape) >> _LOW_HALF  # uniform in [0, 2^16)
+  noise = jax.random.bits(key, x.shape, jnp.uint32) >> _LOW_HALF  # uniform in [0, 2^16)
   return _round_with_noise(x, noise)
 
 
@@ -172,7 +139,7 @@ def store_moments(
       zip(firsts, seconds, first_dtypes, second_dtypes)):
     k = jax.random.fold_in(key, i)  # cheaper to compile than one split into many keys
     if _is_sr(m, m_dtype) and _is_sr(v, v_dtype) and m.shape == v.shape:
-      bits = random_bits(k, m.shape)
+      bits = jax.random.bits(k, m.shape, jnp.uint32)
       new_firsts.append(_round_with_noise(m, bits >> _LOW_HALF))
       new_seconds.append(_round_with_noise(v, bits & 0xFFFF))
     else:
