@@ -18,8 +18,8 @@ from lpjax.quant._gemm import dot_general
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
-CASES = [("mxfp4", "stochastic", -1), ("nvfp4", "nearest_even", -1), ("nvfp4", "stochastic", -1),
-         ("mxfp8_e4m3", "nearest_even", -1), ("mxfp6_e2m3", "toward_zero", -1),
+# SR and the NVFP4 tensor scale are what sharding could break; one 8-bit RTN case; axis 0 blocked.
+CASES = [("mxfp4", "stochastic", -1), ("nvfp4", "stochastic", -1), ("mxfp8_e4m3", "nearest_even", -1),
          ("nvfp4", "stochastic", 0)]
 
 
@@ -38,7 +38,7 @@ def gathers(fn, *args):
 @pytest.mark.parametrize("fmt, rounding, axis", CASES)
 @pytest.mark.parametrize("spec", [P("data"), P(("data", "fsdp")), P(None, "fsdp")])
 def test_fake_quant_per_shard_is_bit_identical(fmt, rounding, axis, spec):
-  x = put(jax.random.normal(jax.random.key(0), (128, 96)) * 3, spec)
+  x = put(jax.random.normal(jax.random.key(0), (128, 64)) * 3, spec)
   key = jax.random.key(1)
   kw = dict(rounding=rounding, key=key if rounding == "stochastic" else None, axis=axis)
   pallas_fn = jax.jit(lambda x: quant.fake_quant(x, fmt, impl="pallas", **kw))
