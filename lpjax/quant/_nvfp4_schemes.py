@@ -73,6 +73,8 @@ def round_e2m1(v, rounding: str, u=None):
     n = jnp.round(t)  # half to even
   elif rounding == "nearest_away":
     n = fl + (t - fl >= 0.5).astype(F32)
+  elif rounding == "nearest_toward_zero":  # QuEST's kernel (lpjax.quant._quest)
+    n = fl + (t - fl > 0.5).astype(F32)
   elif rounding == "stochastic":
     n = fl + (u < t - fl).astype(F32)
   else:

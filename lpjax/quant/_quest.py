@@ -26,21 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant._nvfp4_schemes import tree_sum
+from lpjax.quant._nvfp4_schemes import round_e2m1, tree_sum
 
 F32 = jnp.float32
 GAUSSIAN_SCALE = np.float32(2.92247856 / 6.0)  # Quartet: the MSE-optimal RMS multiple for e2m1
 EPS = np.float32(1e-8)
-
-
-def _round_ties_toward_zero(t):
-  """|t| onto the e2m1 grid (step 0.5 / 1 / 2 below 2 / 4 / above), ties toward zero, max 6."""
-  a = jnp.abs(t)
-  step = jnp.where(a < 2, F32(0.5), jnp.where(a < 4, F32(1.0), F32(2.0)))
-  u = a / step  # exact: a power of two
-  fl = jnp.floor(u)
-  q = jnp.minimum((fl + (u - fl > 0.5).astype(F32)) * step, F32(6.0))
-  return jnp.where(t < 0, -q, q)
 
 
 def quest(x, group: int = 32):
@@ -65,4 +55,4 @@ def quest(x, group: int = 32):
   bits = jax.lax.bitcast_convert_type(scale, jnp.uint32) & jnp.uint32(0x7F800000)
   e = jax.lax.bitcast_convert_type(bits, F32)[..., None]  # 2^floor(log2 scale): scale >= 1e-8 is normal
   t = g / e
-  return (_round_ties_toward_zero(t) * e).reshape(x.shape), (jnp.abs(t) < 6).reshape(x.shape)
+  return (round_e2m1(t, "nearest_toward_zero") * e).reshape(x.shape), (jnp.abs(t) < 6).reshape(x.shape)
