@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_gemm import _assert_close, _c, ref_operand  # noqa: E402  (the GEMM operand reference)
+from gemm_reference import _assert_close, _c, ref_operand  # noqa: E402  (the GEMM operand reference)
 
 from lpjax.quant import recipes  # noqa: E402
 from lpjax.quant._conv import conv_general_dilated  # noqa: E402
