@@ -41,6 +41,8 @@ def materialize(values, opaque_zero):
   them for every element (an optimization_barrier is gone by fusion time on XLA:CPU). Division is
   "expensive" to XLA's fusion heuristics and is never duplicated that way, so each value is divided
   by 1: a divisor derived from `opaque_zero` (0 at run time) so that it cannot be constant-folded.
+  `opaque_zero` is per group too (`_opaque_zero`), never one element of the array: a scalar taken
+  from element [0] of a sharded array made XLA all-gather the whole array to every device.
   """
   one = U32(1) - opaque_zero.astype(U32)
   out = []
@@ -52,6 +54,12 @@ def materialize(values, opaque_zero):
     else:
       out.append(v.astype(U32) // one)
   return tuple(out)
+
+
+def _opaque_zero(group_bits):
+  """0 per group at run time, opaque to XLA: the sign bit of uint32 bits known to be absolute
+  values (amax bits) or bytes (scales); elementwise, so it stays on each device's shard."""
+  return (group_bits.astype(U32) & U32(fb.ABS_MASK)) >> 31
 
 
 @dataclasses.dataclass
@@ -173,7 +181,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   want_values = want_values and fast.decodes(fmt)
   abs_bits = x_bits & U32(fb.ABS_MASK)
   amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
-  opaque_zero = amax.reshape(-1)[0] >> 31  # 0 at run time: abs bits are < 2**31
+  opaque_zero = _opaque_zero(amax)  # 0 at run time: abs bits are < 2**31
   (amax,) = materialize((amax,), opaque_zero)
   bad = amax >= U32(fb.INF_BITS)  # NaN or Inf in the group: the whole group is NaN
   negative = (x_bits >> 31) != 0
@@ -265,7 +273,7 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=F
     bad = scales == sc.E8M0_NAN
     if fast_path:
       m_bits = fast.pow2_bits(jnp.minimum(scales.astype(jnp.int32), 254) - 127)
-      out = _fast_decode(codes, m_bits, element, scales.reshape(-1)[0] >> 31, power_of_two=True)
+      out = _fast_decode(codes, m_bits, element, _opaque_zero(scales), power_of_two=True)
     else:
       negative, sig, exp = sc.decode_sig_exp(codes, element.name)
       out = fb.pack_fp32(negative, sig, exp + scales.astype(jnp.int32) - 127)
@@ -276,19 +284,19 @@ def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=F
       else:
         multiplier = sc.nvfp4_decode_scale(scales, tensor_amax_bits, fmt.tensor_scale)
       bad = scales == sc.UE4M3_NAN
-      (multiplier,) = materialize((multiplier,), scales.reshape(-1)[0] >> 31)  # 0: bytes
+      (multiplier,) = materialize((multiplier,), _opaque_zero(scales))
     else:
       multiplier = scales
       bad = (scales & U32(fb.ABS_MASK)) > U32(fb.INF_BITS)
     if fast_path:
       out = _fast_decode(codes, jnp.where(bad, U32(0), multiplier), element,
-                         codes.reshape(-1)[0] >> 31)
+                         _opaque_zero(scales))
     elif element.kind == "lut":
       out = fb.mul(sc.decode_bits(codes, element.name), multiplier)
     else:
       negative, sig, exp = sc.decode_sig_exp(codes, element.name)
       out = fb.mul_small(sig, exp, negative, multiplier)
   if fast_path:  # per-group masks, not a per-element select (see _fast_elements)
-    keep, nan = materialize(_bad_group_masks(bad), codes.reshape(-1)[0] >> 31)
+    keep, nan = materialize(_bad_group_masks(bad), _opaque_zero(scales))
     return (out & keep) | nan
   return jnp.where(bad, U32(sc.F32_NAN_BITS), out)
