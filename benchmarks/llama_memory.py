@@ -23,11 +23,9 @@ saves. Use it to estimate a GPU's footprint from CPU; report which setting a fig
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
-import time
 
 
 def _parse():
@@ -53,63 +51,12 @@ if ARGS is not None:  # before jax is imported
                                            "motion"] if ARGS.licm == "off" else []))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
-from lpjax.models import llama  # noqa: E402
-from lpjax.nn import activation_sharding  # noqa: E402
-from lpjax.train import config as cfg_lib  # noqa: E402
-from lpjax.train import _sharding as shd  # noqa: E402
-from lpjax.train._precision import build_policy  # noqa: E402
-from lpjax.train._optimizers import make_optimizer  # noqa: E402
-from lpjax.train._step import init_state, make_train_step  # noqa: E402
-from lpjax.train._tasks.lm import cross_entropy  # noqa: E402
-
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("lpjax_bench_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from llama_step import compile_train_step, load_config  # noqa: E402
 
 
 def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
-  with config.unlocked():
-    config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
-    config.model.vocab_size = vocab
-  config = cfg_lib.validate(config, len(devices))
-  mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
-  m = config.model
-  model_cfg = llama.LlamaConfig.from_size(
-      m.size, vocab_size=m.vocab_size or vocab, max_seq_len=m.max_seq_len or config.seq_len,
-      remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
-      param_dtype=m.param_dtype)
-  policy = build_policy(config)  # config.quant.*: the run's recipes, kept layers, residuals
-  graphdef, _ = llama.abstract_model(model_cfg, policy)
-  tx = make_optimizer(config)
-
-  def init(key):
-    return init_state(llama.init_params(model_cfg, key, policy), None, tx,
-                      loss_scale=config.quant.loss_scale)
-
-  abstract = jax.eval_shape(init, jax.random.key(0))
-  shardings = shd.tree_shardings(abstract, mesh, llama.PARTITION_RULES)
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                       abstract, shardings)
-  tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,
-                                sharding=shd.batch_sharding(mesh))
-  batch = {"inputs": tokens, "targets": tokens}
-  def loss_fn(params, model_state, batch, key, step_policy):
-    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
-    return cross_entropy(logits, batch["targets"])[0], (model_state, {})
-
-  step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)
-  start = time.time()
-  def traced_step(s, b, k):
-    with activation_sharding(shd.activation_resolver(mesh)):
-      return step(s, b, k, None)
-  compiled = jax.jit(traced_step, donate_argnums=(0,)).lower(
-      state, batch, jax.random.key(0)).compile()
-  compile_s = time.time() - start
+  compiled, compile_s = compile_train_step(config, vocab, devices)
   m = compiled.memory_analysis()
   parts = {"arguments": m.argument_size_in_bytes, "temporaries": m.temp_size_in_bytes,
            "outputs": m.output_size_in_bytes, "aliased": m.alias_size_in_bytes}

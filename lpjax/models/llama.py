@@ -134,9 +134,9 @@ def rope(x, theta: float):
   return out.astype(x.dtype)
 
 
-def _dense(cfg, n_in, n_out, rngs, std):
+def _dense(cfg, n_in, n_out, rngs, std, axes):
   return QDense(n_in, n_out, use_bias=False, dtype=jnp.dtype(cfg.compute_dtype),
-                param_dtype=jnp.dtype(cfg.param_dtype),
+                param_dtype=jnp.dtype(cfg.param_dtype), kernel_axes=axes,
                 kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
@@ -145,10 +145,10 @@ class Attention(nnx.Module):
     d, std = cfg.hidden, 0.02
     out_std = std / math.sqrt(2 * cfg.layers)
     self.heads, self.head_dim, self.theta = cfg.heads, d // cfg.heads, cfg.rope_theta
-    self.q_proj = _dense(cfg, d, d, rngs, std)
-    self.k_proj = _dense(cfg, d, d, rngs, std)
-    self.v_proj = _dense(cfg, d, d, rngs, std)
-    self.o_proj = _dense(cfg, d, d, rngs, out_std)
+    self.q_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
+    self.k_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
+    self.v_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
+    self.o_proj = _dense(cfg, d, d, rngs, out_std, ("heads", "embed"))
     self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
     self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
 
@@ -168,9 +168,10 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.layers)
-    self.gate_proj = _dense(cfg, cfg.hidden, cfg.intermediate, rngs, std)
-    self.up_proj = _dense(cfg, cfg.hidden, cfg.intermediate, rngs, std)
-    self.down_proj = _dense(cfg, cfg.intermediate, cfg.hidden, rngs, out_std)
+    self.gate_proj = _dense(cfg, cfg.hidden, cfg.intermediate, rngs, std, ("embed", "mlp"))
+    self.up_proj = _dense(cfg, cfg.hidden, cfg.intermediate, rngs, std, ("embed", "mlp"))
+    self.down_proj = _dense(cfg, cfg.intermediate, cfg.hidden, rngs, out_std,
+                            ("mlp", "embed"))
 
   def __call__(self, x, key):
     k = jax.random.split(key, 3)
@@ -211,7 +212,7 @@ class Llama(nnx.Module):
     else:
       self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
     self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
-    self.lm_head = _dense(cfg, cfg.hidden, cfg.vocab_size, rngs, 0.02)
+    self.lm_head = _dense(cfg, cfg.hidden, cfg.vocab_size, rngs, 0.02, ("embed", "vocab"))
     self.set_policy(policy)
 
   def set_policy(self, policy: QuantPolicy) -> list[tuple[str, str]]:

@@ -88,8 +88,11 @@ class QDense(_Quantized):
   def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True, dtype=None,
                param_dtype=jnp.float32, kernel_init=default_kernel_init,
                bias_init=default_bias_init, recipe="bf16", policy: QuantPolicy | None = None,
-               path: str = "", collect_stats: bool = False, rngs: nnx.Rngs):
+               path: str = "", collect_stats: bool = False, kernel_axes=None, rngs: nnx.Rngs):
     self.in_features, self.out_features = in_features, out_features
+    # logical axes of the kernel, e.g. ("embed", "mlp"): under FSDP (`quant.weight_sharding`) a
+    # quantized kernel is then gathered as FP4 codes + scales (`quant.dot_general(rhs_axes=)`)
+    self.kernel_axes = tuple(kernel_axes) if kernel_axes is not None else None
     self.dtype, self.param_dtype = dtype, param_dtype
     self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
     self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
@@ -99,7 +102,7 @@ class QDense(_Quantized):
     x, kernel, bias, recipe, key = self._prepare(x, key)
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     self._sow_stats(lambda: quant.operand_stats(x, kernel, dn, recipe, key=key))
-    y = quant.dot_general(x, kernel, dn, recipe, key=key)
+    y = quant.dot_general(x, kernel, dn, recipe, key=key, rhs_axes=self.kernel_axes)
     return y if bias is None else y + bias
 
 

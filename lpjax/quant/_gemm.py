@@ -32,17 +32,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _operand as opq
+from lpjax.quant import _operand as opq, _weight_gather as wg
 from lpjax.quant._hadamard import hadamard
 from lpjax.quant._quest import quest
 from lpjax.quant._operand import LHS, RHS
 from lpjax.quant import recipes
+from lpjax.quant._gemm_canonical import canonical
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
 
 
@@ -62,6 +62,7 @@ class _Static:
   out_dtype: Any  # dtype of Y
   preferred: Any  # the caller's preferred_element_type (used as-is without a compute dtype)
   batched: bool  # operands carry a leading batch axis
+  rhs_axes: tuple | None = None  # logical axes of W (K, N), for the quantized weight gather
 
 
 def _dims(a_axis: int, b_axis: int, a_ndim: int, batched: bool):
@@ -118,60 +119,109 @@ def _to_last(x, axis: int, work: bool):
   return x, axis
 
 
-def _fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False):
+def _quantized(x, op, axes, weight: bool, recipe: GemmRecipe, *, pack: bool, **kw):
+  """opq.pack (a QArray) or opq.fake (values) of an operand, pinned to its shards.
+
+  Under `weight_sharding` (the trainer's FSDP step), an operand with logical axes `axes` (in x's
+  layout) keeps its quantization on its own shards: an activation's rows stay split over the
+  batch, and a weight (`weight`) is quantized on its shards and, unless packed as a residual,
+  gathered as codes and scales (`lpjax.quant._weight_gather`); a high-precision weight is
+  gathered in the compute dtype.
+  """
+  plain = lambda: (opq.pack(x, op, **kw) if (pack and op is not None) else
+                   opq.fake(x, op, dtype=recipe.compute_dtype, **kw))
+  if (op is not None and op.format is None) or not wg.active(
+      axes, x.shape, op.format if op is not None else None, kw.get("block")):
+    return plain()
+  if weight and not pack:
+    if op is None:  # high precision: gather the input (the compute dtype), then the RHT if any
+      x = wg.pin(wg.pin(x, axes, gathered=False), axes, gathered=True)
+      return opq.fake(x, None, dtype=recipe.compute_dtype, **kw)
+    y = wg.fake_gathered(x, op, axes, dtype=recipe.compute_dtype, **kw)
+    if y is not None:
+      return y
+  return wg.pin(plain(), axes, gathered=False)
+
+
+def _layout_axes(x, gemm: str, side: int, w_axes, moved: bool):
+  """(logical axes of operand x in its quantization layout, whether it is the weight).
+
+  The weight (RHS of fwd and dgrad) has the axes its layer gave (`rhs_axes`); a 2-D activation
+  (X or dY, rows = tokens) has its rows over "batch"; anything else has none.
+  """
+  if gemm in ("fwd", "dgrad") and side == RHS:
+    return _swapped(w_axes, moved), True
+  if x.ndim != 2:
+    return None, False
+  return ((None, "batch") if moved else ("batch", None)), False
+
+
+def _swapped(w_axes, moved: bool):
+  """W's logical axes after `_to_last` (W is 2-D when it has axes): reversed if it was moved."""
+  return tuple(reversed(w_axes)) if (moved and w_axes is not None) else w_axes
+
+
+def _fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None):
   """Operand `side` of the forward GEMM: (values or QArray, contraction axis)."""
   op = recipe.fwd.operands()[side]
   signs, block = _signs(key, recipe, "fwd")
   x, axis = _to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs, block=block)
-  if pack and op is not None:
-    return opq.pack(x, op, **kw), axis
-  return opq.fake(x, op, dtype=recipe.compute_dtype, **kw), axis
+  axes, weight = _layout_axes(x, "fwd", side, w_axes, side == RHS and axis == -1)
+  return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
 
 
-def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False):
+def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False,
+             w_axes=None):
   """Operand `side` of `gemm` from high precision: (values, or a QArray if `pack`; its axis)."""
   op = getattr(recipe, gemm).operands()[side]
   if op == REUSE_FWD:
-    x, axis = _reuse(x, side, axis, key, recipe, pack=pack)
+    x, axis = _reuse(x, side, axis, key, recipe, pack=pack, w_axes=w_axes)
     if pack:
       return x, axis
-    op = None
+    op, w_axes = None, None  # the forward's values, gathered already
   elif isinstance(op, OperandQuant) and op.from_fwd:  # re-quantize the forward's Q(X) / Q(W)
-    x, axis = _reuse(x, side, axis, key, recipe)
+    x, axis = _reuse(x, side, axis, key, recipe, w_axes=w_axes)
+    w_axes = None  # gathered already
   elif op is None and recipe.trust_masked and (gemm, side) in (("dgrad", RHS), ("wgrad", LHS)):
-    x, axis = _reuse(x, side, axis, key, recipe)  # QuEST's backward runs in the rotated domain
+    x, axis = _reuse(x, side, axis, key, recipe, w_axes=w_axes)  # QuEST: the rotated domain
+    w_axes = None
   signs, block = _signs(key, recipe, gemm)
+  before = axis % x.ndim
   x, axis = _to_last(x, axis, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)
-  if pack and op is not None:
-    return opq.pack(x, op, **kw), axis
-  return opq.fake(x, op, dtype=recipe.compute_dtype, **kw), axis
+  axes, weight = _layout_axes(x, gemm, side, w_axes, axis % x.ndim != before)
+  return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
 
 
-def _reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False):
+def _reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None):
   """REUSE_FWD: the forward's fake-quantized X (LHS) or W (RHS), and where `axis` went."""
-  y, fwd_axis = _fwd_operand(x, side, key, recipe, pack=pack)
+  y, fwd_axis = _fwd_operand(x, side, key, recipe, pack=pack, w_axes=w_axes)
   moved = fwd_axis != (-1 if side == LHS else -2)  # the forward swapped the last two axes
   if moved:
     axis = {-1: -2, -2: -1}[axis]
   return y, axis
 
 
-def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe):
-  """The backward operand from a residual kept by `_residual` (QArray or high precision)."""
+def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_axes=None):
+  """The backward operand from a residual kept by `_residual` (QArray or high precision).
+
+  A packed weight residual (kept on its shards) is gathered as codes before it is unpacked.
+  """
   op = getattr(recipe, gemm).operands()[side]
   if op == REUSE_FWD:
     fwd_op = recipe.fwd.operands()[side]
     if fwd_op is None:  # kept in high precision
-      return _operand(res, gemm, side, axis, key, recipe)
+      return _operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
+    res = wg.pin_qarray(res, _swapped(w_axes, True), gathered=True)  # packed as W^T (N, K)
     x = opq.unpack(res, fwd_op, recipe.compute_dtype or res.dtype)
     signs, block = _signs(key, recipe, gemm)
     x, axis = _to_last(x, axis, bool(block))
     return opq.fake(x, None, axis=axis, key=None, signs=signs, block=block,
                     dtype=recipe.compute_dtype), axis
   if op is None:
-    return _operand(res, gemm, side, axis, key, recipe)
+    return _operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
+  res = wg.pin_qarray(res, w_axes, gathered=True) if w_axes is not None else res
   return opq.unpack(res, op, recipe.compute_dtype or res.dtype), axis
 
 
@@ -181,13 +231,13 @@ _W_FOR_DGRAD = ("dgrad", RHS, -1)  # W (K, N) blocked along N
 _X_FOR_WGRAD = ("wgrad", LHS, -2)  # X (M, K) blocked along M
 
 
-def _residual(x, which, key, recipe: GemmRecipe):
+def _residual(x, which, key, recipe: GemmRecipe, w_axes=None):
   """residuals="quantized": (packed operand or x itself if high precision, its axis)."""
   gemm, side, axis = which
   op = getattr(recipe, gemm).operands()[side]
   if op is None or (op == REUSE_FWD and recipe.fwd.operands()[side] is None):
     return x, axis
-  return _operand(x, gemm, side, axis, key, recipe, pack=True)
+  return _operand(x, gemm, side, axis, key, recipe, pack=True, w_axes=w_axes)
 
 
 def _mm_out(a_ax, b_ax, cfg: _Static):
@@ -197,14 +247,15 @@ def _mm_out(a_ax, b_ax, cfg: _Static):
 
 def _forward(lhs, rhs, key, cfg: _Static):
   r = cfg.recipe
-  return _mm_out(_fwd_operand(lhs, LHS, key, r), _fwd_operand(rhs, RHS, key, r), cfg).astype(cfg.out_dtype)
+  w = _fwd_operand(rhs, RHS, key, r, w_axes=cfg.rhs_axes)
+  return _mm_out(_fwd_operand(lhs, LHS, key, r), w, cfg).astype(cfg.out_dtype)
 
 
 def _qgemm_fwd(lhs, rhs, key, cfg: _Static):
   r = cfg.recipe
   if r.residuals == "quantized":
     x_res, x_axis = _residual(lhs, _X_FOR_WGRAD, key, r)
-    w_res, w_axis = _residual(rhs, _W_FOR_DGRAD, key, r)
+    w_res, w_axis = _residual(rhs, _W_FOR_DGRAD, key, r, cfg.rhs_axes)
     res = (x_res, w_res)
     assert (x_axis, w_axis) == _residual_axes(r), "residual layout out of sync"
   else:
@@ -233,10 +284,10 @@ def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   dy_n = _operand(dy, "dgrad", LHS, -1, key, r)
   if r.residuals == "quantized":
     x_axis, w_axis = _residual_axes(r)
-    w_n = _unpacked(w_res, w_axis, "dgrad", RHS, key, r)
+    w_n = _unpacked(w_res, w_axis, "dgrad", RHS, key, r, cfg.rhs_axes)
     x_m = _unpacked(x_res, x_axis, "wgrad", LHS, key, r)
   else:
-    w_n = _operand(w_res, "dgrad", RHS, -1, key, r)
+    w_n = _operand(w_res, "dgrad", RHS, -1, key, r, w_axes=cfg.rhs_axes)
     x_m = _operand(x_res, "wgrad", LHS, -2, key, r)
   dx = _mm_out(dy_n, w_n, cfg)
   # wgrad: dW = X^T dY, contraction over M; computed as (dY^T X)^T like jax's own transpose rule.
@@ -261,54 +312,8 @@ def _qgemm(cfg: _Static, lhs_dtype, rhs_dtype):
   return gemm
 
 
-# --- general dot_general -> canonical form ---------------------------------------------------------
-
-
-def _checked_dims(dimension_numbers, lhs_ndim: int, rhs_ndim: int):
-  """The four dimension tuples, non-negative; a clear ValueError for a malformed or out-of-range one."""
-  try:
-    (lc, rc), (lb, rb) = dimension_numbers
-    dims = [tuple(int(d) for d in t) for t in (lc, rc, lb, rb)]
-  except (TypeError, ValueError):
-    raise ValueError(
-        f"dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)), "
-        f"tuples of ints as for jax.lax.dot_general, e.g. (((1,), (0,)), ((), ())); got "
-        f"{dimension_numbers!r}.") from None
-  out = []
-  for name, t, nd in zip(("lhs contracting", "rhs contracting", "lhs batch", "rhs batch"), dims,
-                         (lhs_ndim, rhs_ndim, lhs_ndim, rhs_ndim)):
-    for d in t:
-      if not -nd <= d < nd:
-        raise ValueError(f"dimension_numbers {dimension_numbers!r}: {name} dimension {d} is out "
-                         f"of range for an operand of rank {nd}.")
-    out.append([d % nd for d in t])
-  return out
-
-
-def _canonical(lhs, rhs, dimension_numbers):
-  lc, rc, lb, rb = _checked_dims(dimension_numbers, lhs.ndim, rhs.ndim)
-  if len(lc) != len(rc) or len(lb) != len(rb):
-    raise ValueError(f"dimension_numbers {dimension_numbers}: lhs and rhs need as many contracting "
-                     "and batch dimensions.")
-  for a, b in list(zip(lc, rc)) + list(zip(lb, rb)):
-    if lhs.shape[a] != rhs.shape[b]:
-      raise ValueError(f"dimension_numbers {dimension_numbers}: lhs axis {a} ({lhs.shape[a]}) and "
-                       f"rhs axis {b} ({rhs.shape[b]}) differ in size.")
-  if len(set(lc + lb)) != len(lc + lb) or len(set(rc + rb)) != len(rc + rb):
-    raise ValueError(f"dimension_numbers {dimension_numbers}: an axis appears twice.")
-  lf = [d for d in range(lhs.ndim) if d not in lc and d not in lb]
-  rf = [d for d in range(rhs.ndim) if d not in rc and d not in rb]
-  batch_shape = tuple(lhs.shape[d] for d in lb)
-  m_shape = tuple(lhs.shape[d] for d in lf)
-  n_shape = tuple(rhs.shape[d] for d in rf)
-  k = math.prod(lhs.shape[d] for d in lc)
-  lead = (math.prod(batch_shape),) if lb else ()
-  lhs3 = jnp.transpose(lhs, lb + lf + lc).reshape(lead + (math.prod(m_shape), k))
-  rhs3 = jnp.transpose(rhs, rb + rc + rf).reshape(lead + (k, math.prod(n_shape)))
-  return lhs3, rhs3, batch_shape + m_shape + n_shape, bool(lb)
-
-
-def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_element_type=None):
+def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_element_type=None,
+                rhs_axes=None):
   """`jax.lax.dot_general` with the operands of its forward and backward GEMMs quantized by `recipe`.
 
   Args:
@@ -318,6 +323,10 @@ def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_elem
     key: jax.random key for stochastic rounding and RHT signs; SR and per-GEMM/per-operand keys
       are derived from it with `jax.random.fold_in` (without a key the RHT signs are fixed).
     preferred_element_type: output dtype; default the promoted input dtype.
+    rhs_axes: logical axes of a 2-D weight `rhs` (K, N) contracted on its first axis, e.g.
+      ("embed", "mlp"). Within `lpjax.quant.weight_sharding(resolver)` (the trainer enters it
+      under FSDP) the quantized weight is then made on its shards and all-gathered as packed
+      codes and scales, not as high-precision values; the result is bit-identical.
 
   Returns:
     The dot_general result, laid out as lax.dot_general's: (batch, lhs free, rhs free).
@@ -341,8 +350,14 @@ def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_elem
   key = as_key(key)
   if key is None and recipe.needs_key:
     raise ValueError(f"Recipe {recipe} rounds stochastically: pass key=jax.random.key(...).")
-  lhs3, rhs3, out_shape, batched = _canonical(lhs, rhs, dimension_numbers)
-  cfg = _Static(recipe, out_dtype, preferred_element_type, batched)
+  lhs3, rhs3, out_shape, batched = canonical(lhs, rhs, dimension_numbers)
+  if rhs_axes is not None:
+    rhs_axes = tuple(rhs_axes)
+    if rhs.ndim != 2 or len(rhs_axes) != 2 or batched or tuple(dimension_numbers[0][1]) not in ((0,), (-2,)):
+      raise ValueError(f"rhs_axes={rhs_axes!r} names the axes of a 2-D weight (K, N) contracted "
+                       f"on its first axis; this rhs has shape {rhs.shape} and dimension_numbers "
+                       f"{dimension_numbers!r}. Drop rhs_axes or bring the weight to (K, N).")
+  cfg = _Static(recipe, out_dtype, preferred_element_type, batched, rhs_axes)
   return _qgemm(cfg, lhs3.dtype, rhs3.dtype)(lhs3, rhs3, key).reshape(out_shape)
 
 
@@ -361,7 +376,7 @@ def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):
   """
   recipe = recipes.get(recipe)
   key = as_key(key)
-  lhs3, rhs3, _, _ = _canonical(jnp.asarray(lhs), jnp.asarray(rhs), dimension_numbers)
+  lhs3, rhs3, _, _ = canonical(jnp.asarray(lhs), jnp.asarray(rhs), dimension_numbers)
   signs, block = _signs(key, recipe, "fwd")
   out = {}
   for name, x, side, axis in (("lhs", lhs3, LHS, -1), ("rhs", rhs3, RHS, -2)):

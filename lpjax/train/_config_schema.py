@@ -160,6 +160,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.quant.high_precision_recipe = "bf16"  # the recipe of warm-up, finish and fallback
   c.quant.loss_scale = False  # dynamic loss scaling (2^15, x2 / x0.5)
   c.quant.residuals = ""  # "" = the recipe's; "quantized": save FP4-packed operands for backward
+  c.quant.gather_quantized_weights = True  # FSDP gathers weights as FP4 codes + scales (same bits)
 
   if task == "diffusion":
     c.diffusion = ml_collections.ConfigDict()

@@ -15,11 +15,15 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lpjax.nn import activation_sharding
+from lpjax.quant import weight_sharding
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -104,6 +108,48 @@ def activation_resolver(mesh: Mesh):
       return None
     return NamedSharding(mesh, spec_for(logical_axes, shape, mesh))
   return resolve
+
+
+def weight_resolver(mesh: Mesh):
+  """A resolver for `lpjax.quant.weight_sharding`: a weight's logical axes -> its NamedSharding on
+  `mesh` (as the parameter's, `spec_for`), or with gathered=True the same without the fsdp axis
+  (what the GEMM multiplies: gathered over FSDP, still split over tensor).
+
+  Examples:
+    >>> mesh = make_mesh(data=1, fsdp=8, tensor=1)
+    >>> resolve = weight_resolver(mesh)
+    >>> tuple(resolve(("mlp", "embed"), (352, 128), False).spec)
+    (None, 'fsdp')
+    >>> tuple(resolve(("mlp", "embed"), (352, 128), True).spec)
+    (None, None)
+  """
+  def resolve(logical_axes, shape, gathered):
+    spec = spec_for(logical_axes, shape, mesh)
+    if gathered:
+      spec = PartitionSpec(*(_without(p, "fsdp") for p in spec))
+    return NamedSharding(mesh, spec)
+  return resolve
+
+
+def _without(part, axis: str):
+  """One PartitionSpec entry with mesh axis `axis` removed."""
+  if part is None or part == axis:
+    return None
+  if isinstance(part, tuple):
+    rest = tuple(a for a in part if a != axis)
+    return rest if len(rest) > 1 else (rest[0] if rest else None)
+  return part
+
+
+@contextlib.contextmanager
+def step_hints(mesh: Mesh, *, gather_quantized_weights: bool = True):
+  """The context a train or eval step is traced in: activation hints mapped onto `mesh`, and
+  (when the mesh has fsdp > 1 and `gather_quantized_weights`) quantized weights gathered as codes
+  and scales (`lpjax.quant.weight_sharding`)."""
+  gather = gather_quantized_weights and mesh.shape["fsdp"] > 1
+  with activation_sharding(activation_resolver(mesh)), \
+      weight_sharding(weight_resolver(mesh) if gather else None):
+    yield
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -23,7 +23,6 @@ import time
 import jax
 import numpy as np
 
-from lpjax.nn import activation_sharding
 from lpjax.train import config as cfg_lib
 from lpjax.train import _sharding as shd
 from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
@@ -119,8 +118,10 @@ class Trainer:
   # --- steps ----------------------------------------------------------------------------------
 
   def activation_hints(self):
-    """The context the steps are traced in: the model's activation hints map onto the mesh."""
-    return activation_sharding(shd.activation_resolver(self.mesh))
+    """The context the steps are traced in: the model's activation hints map onto the mesh, and
+    (quant.gather_quantized_weights) FSDP gathers quantized weights as codes and scales."""
+    return shd.step_hints(self.mesh,
+                          gather_quantized_weights=self.config.quant.gather_quantized_weights)
 
   def train_step(self, policy=None):
     """The jitted train step of `policy` (a QuantPolicy; None: the run's own), compiled once."""

@@ -46,8 +46,9 @@ def test_fsdp_keeps_each_devices_rows(tmp_path, monkeypatch, hints):
   Without the hints XLA computed the logits of the whole microbatch on every device (8x the
   activation memory and FLOPs); the `hints=False` case shows the test can tell.
   """
-  if not hints:
+  if not hints:  # no activation hints, and no pinned GEMM operands (lpjax.quant.weight_sharding)
     monkeypatch.setattr(shd, "activation_resolver", lambda mesh: None)
+    monkeypatch.setattr(shd, "weight_resolver", lambda mesh: None)
   cfg = small("fp32", **{"mesh.data": 1, "mesh.fsdp": 8, "batch_size": 16,
                          "grad_accum_steps": 2, "model.vocab_size": 384})
   text = _compiled_step_text(Trainer(cfg, str(tmp_path)))
@@ -72,3 +73,33 @@ def test_data_fsdp_tensor_mesh_matches_one_device(tmp_path):
   assert kernel.sharding.spec[1:] == ("fsdp", "tensor")  # (layers, embed, mlp)
   for key in ("final_train_loss", "final_eval_loss", "final_eval_loss_fp"):
     np.testing.assert_allclose(three[key], one[key], rtol=1e-5)
+
+
+def test_llama_kernel_axes_match_the_partition_rules():
+  """The logical axes a LLaMA layer hands its GEMM (for the FP4 weight gather) are its kernel's."""
+  from flax import nnx
+  from lpjax.models import llama
+
+  cfg = llama.LlamaConfig.from_size("tiny", vocab_size=256, max_seq_len=32)
+  model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(params=0)))
+  seen = 0
+  for path, module in model.iter_modules():
+    axes = getattr(module, "kernel_axes", None)
+    if axes is None:
+      continue
+    path = "/".join(str(p) for p in path) + "/kernel"
+    assert (None,) + axes == shd.logical_axes_for(path, 3, llama.PARTITION_RULES) or (
+        axes == shd.logical_axes_for(path, 2, llama.PARTITION_RULES)), path
+    seen += 1
+  assert seen == 8  # q, k, v, o, gate, up, down (one scanned block) and the LM head
+
+
+def test_fp4_weight_gather_keeps_the_training_bits(tmp_path):
+  """quant.gather_quantized_weights (FSDP gathers codes + scales) trains bit-identically."""
+  losses = {}
+  for on in (False, True):
+    cfg = small("mxfp4", steps=2, **{"mesh.data": 1, "mesh.fsdp": 8, "batch_size": 16,
+                                     "quant.gather_quantized_weights": on})
+    losses[on] = Trainer(cfg, str(tmp_path / str(on))).run()
+  for key in ("final_train_loss", "final_eval_loss"):
+    assert losses[True][key] == losses[False][key], key

@@ -1,0 +1,76 @@
+"""A config's LLaMA train step, AOT-compiled from ShapeDtypeStructs on a mesh (nothing allocated).
+
+Shared by `llama_memory.py` (XLA's memory analysis) and `weight_gather.py` (the collectives in the
+compiled HLO). The step is traced as the trainer traces it: activation sharding hints on, and
+quantized weights gathered as codes under FSDP when `config.quant.gather_quantized_weights`.
+Import after the virtual CPU devices are set up (`cpu_devices.use_virtual_cpu_devices`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lpjax.models import llama
+from lpjax.train import config as cfg_lib
+from lpjax.train import _sharding as shd
+from lpjax.train._precision import build_policy
+from lpjax.train._optimizers import make_optimizer
+from lpjax.train._step import init_state, make_train_step
+from lpjax.train._tasks.lm import cross_entropy
+
+
+def load_config(path: str):
+  """The ConfigDict of a config file (its get_config())."""
+  spec = importlib.util.spec_from_file_location("lpjax_bench_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def compile_train_step(config, vocab: int, devices):
+  """(jax.stages.Compiled train step of `config` on `devices`, compile seconds)."""
+  with config.unlocked():
+    config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
+    config.model.vocab_size = vocab
+  config = cfg_lib.validate(config, len(devices))
+  mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+  m = config.model
+  model_cfg = llama.LlamaConfig.from_size(
+      m.size, vocab_size=m.vocab_size or vocab, max_seq_len=m.max_seq_len or config.seq_len,
+      remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
+      param_dtype=m.param_dtype)
+  policy = build_policy(config)  # config.quant.*: the run's recipes, kept layers, residuals
+  graphdef, _ = llama.abstract_model(model_cfg, policy)
+  tx = make_optimizer(config)
+
+  def init(key):
+    return init_state(llama.init_params(model_cfg, key, policy), None, tx,
+                      loss_scale=config.quant.loss_scale)
+
+  abstract = jax.eval_shape(init, jax.random.key(0))
+  shardings = shd.tree_shardings(abstract, mesh, llama.PARTITION_RULES)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       abstract, shardings)
+  tokens = jax.ShapeDtypeStruct((config.batch_size, config.seq_len), jnp.int32,
+                                sharding=shd.batch_sharding(mesh))
+  batch = {"inputs": tokens, "targets": tokens}
+
+  def loss_fn(params, model_state, batch, key, step_policy):
+    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
+    return cross_entropy(logits, batch["targets"])[0], (model_state, {})
+
+  step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)
+  gather = config.quant.gather_quantized_weights
+
+  def traced_step(s, b, k):
+    with shd.step_hints(mesh, gather_quantized_weights=gather):
+      return step(s, b, k, None)
+
+  start = time.time()
+  compiled = jax.jit(traced_step, donate_argnums=(0,)).lower(
+      state, batch, jax.random.key(0)).compile()
+  return compiled, time.time() - start

@@ -1,0 +1,82 @@
+"""All-gather bytes per train step, with and without the FP4 weight all-gather, from compiled HLO.
+
+    python benchmarks/weight_gather.py --config=configs/llama_1b_mxfp4.py --devices=8
+
+Compiles the config's train step twice (AOT from ShapeDtypeStructs, nothing allocated) with
+`quant.gather_quantized_weights` off and on, and sums the bytes of every all-gather in the
+compiled HLO, times the trip counts of the loops around it (layers x microbatches), per device.
+With the option off, XLA gathers each FSDP-sharded weight in high precision (in whichever dtype
+its partitioner picks) before quantizing it; with it on, each device quantizes its own shard and
+the gather moves FP4 codes and block scales. The reference "bf16 weights" is the same gather
+traffic with every float32/bf16 weight gather counted at 2 bytes per element. The last output
+line is a JSON object with the byte counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="a config file in configs/")
+  p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
+  p.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
+  p.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
+  return p.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:  # before jax is imported
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from cpu_devices import use_virtual_cpu_devices
+  use_virtual_cpu_devices(ARGS.devices)
+
+import jax  # noqa: E402
+
+from hlo_collectives import collective_bytes  # noqa: E402
+from llama_step import compile_train_step, load_config  # noqa: E402
+
+
+def gather_bytes(config, vocab: int, devices, on: bool) -> tuple[dict, float]:
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.quant.gather_quantized_weights = on
+  compiled, secs = compile_train_step(config, vocab, devices)
+  return collective_bytes(compiled.as_text(), "all-gather"), secs
+
+
+def main():
+  devices = jax.devices()[:ARGS.devices]
+  config = load_config(ARGS.config)
+  if ARGS.batch_size:
+    config.batch_size = ARGS.batch_size
+  mib = 2.0**20
+  rows = {}
+  for on in (False, True):
+    rows[on] = gather_bytes(config, ARGS.vocab, devices, on)
+  before, after = rows[False][0], rows[True][0]
+  total = lambda d: sum(d.values())
+  # the high-precision gathers of the "off" program, at bf16's 2 bytes per element
+  as_bf16 = sum(v // (4 if k == "f32" else 1) * (2 if k == "f32" else 1) for k, v in before.items())
+  print(f"{ARGS.config}: mesh data {config.mesh.data} fsdp {config.mesh.fsdp} tensor "
+        f"{config.mesh.tensor}, batch {config.batch_size} x {config.seq_len}, "
+        f"{config.grad_accum_steps} microbatches, {len(devices)} devices, jax {jax.__version__}")
+  print("| gather_quantized_weights | all-gather MiB per step per device | by dtype | compile s |")
+  print("|---|---|---|---|")
+  for on in (False, True):
+    d, secs = rows[on]
+    parts = ", ".join(f"{k} {v / mib:.0f}" for k, v in sorted(d.items()))
+    print(f"| {on} | {total(d) / mib:.0f} | {parts} | {secs:.0f} |")
+  print(f"after / before: {total(after) / total(before):.3f}; after / (before's gathers at bf16): "
+        f"{total(after) / as_bf16:.3f} (goal <= 0.35)")
+  print(json.dumps({"config": ARGS.config, "devices": len(devices),
+                    "before_bytes": total(before), "after_bytes": total(after),
+                    "before_as_bf16_bytes": as_bf16, "before": before, "after": after}))
+
+
+if __name__ == "__main__":
+  main()
