@@ -94,6 +94,16 @@ SWEEPS: dict[str, list[Row]] = {
         Row("mxfp4_qaf", "mxfp4", overrides=(("quant.qaf_fraction", HP_FRACTION),)),
         Row("mxfp4_bwd", "mxfp4_bwd"), Row("nvfp4_bwd_ms_eden", "nvfp4_bwd_ms_eden"),
         Row("fp32_stable_spam", "fp32", "stable_spam"), Row("mxfp4_stable_spam", "mxfp4", "stable_spam")),
+    # Memory options of the 1B config (issue 18) on the tiny model: its MXFP4 + Stable-SPAM with
+    # bf16 moments, then bf16 master weights (stochastic / nearest updates).
+    "memory": _named(
+        Row("mxfp4_sspam_bf16state", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"),)),
+        Row("mxfp4_sspam_bf16state_bf16params", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"))),
+        Row("mxfp4_sspam_bf16state_bf16params_rne", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
+                       ("optimizer.param_rounding", "nearest")))),
     # Exactly the rows the issue's quality goals compare (ablate_report.quality_goals).
     "quality": _named(
         Row("mxfp4_bwd_adam", "mxfp4_bwd"), Row("mxfp4_adam", "mxfp4"), Row("nvfp4_adam", "nvfp4"),
@@ -121,6 +131,9 @@ DESCRIPTIONS = {
                "nvfp4, nvfp4 with its last 15% of blocks in bf16, quartet, nvfp4_4over6, quartet2), the "
                f"QAF finish (last {HP_FRACTION:.0%} forward-only), backward-only (mxfp4_bwd, "
                "nvfp4_bwd_ms_eden) and Stable-SPAM in FP32 and MXFP4.",
+    "memory": "Memory options of configs/llama_1b_mxfp4.py at tiny scale: MXFP4 + Stable-SPAM with "
+              "bf16 moments, plus bf16 master weights updated with stochastic rounding, or to "
+              "nearest.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",
 }
 

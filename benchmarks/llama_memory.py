@@ -28,31 +28,34 @@ import os
 import sys
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_step import add_step_arguments, compile_train_step, load_config  # noqa: E402
+
+
 def _parse():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="a config file in configs/")
-  p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
-  p.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
-  p.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
+  add_step_arguments(p)
   p.add_argument("--remat", choices=("config", "on", "off"), default="config",
                  help="block rematerialization of both programs: the config's, or forced on/off")
   p.add_argument("--licm", choices=("on", "off"), default="on",
                  help="off: disable XLA's while-loop-invariant code motion, removing an XLA:CPU "
                       "artifact that inflates bf16 programs (see the module docstring)")
   p.add_argument("--skip_baseline", action="store_true")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a config override of the measured program (not the baseline), e.g. "
+                      "--set model.param_dtype=bfloat16; repeatable")
   return p.parse_args()
 
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # before jax is imported
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from cpu_devices import use_virtual_cpu_devices
   use_virtual_cpu_devices(ARGS.devices, *(["--xla_disable_hlo_passes=while-loop-invariant-code-"
                                            "motion"] if ARGS.licm == "off" else []))
 
 import jax  # noqa: E402
 
-from llama_step import compile_train_step, load_config  # noqa: E402
+from ablate_sweeps import parse_sets, set_key  # noqa: E402
 
 
 def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
@@ -72,6 +75,8 @@ def baseline_of(config):
     base.optimizer.name = "adam"
     base.optimizer.state_dtype = "float32"
     base.model.compute_dtype = "float32"
+    base.model.param_dtype = "float32"
+    base.quant.gather_quantized_weights = False
   return base
 
 
@@ -84,7 +89,10 @@ def main():
     config.model.remat = ARGS.remat == "on"
   gib = 2.0**30
   rows = []
-  total, parts, secs = per_device_bytes(config, ARGS.vocab, devices)
+  measured = config.copy_and_resolve_references()
+  for key, value in parse_sets(ARGS.set):
+    set_key(measured, key, value)
+  total, parts, secs = per_device_bytes(measured, ARGS.vocab, devices)
   rows.append(("config", total, parts, secs))
   base_total = None
   if not ARGS.skip_baseline:
@@ -93,6 +101,7 @@ def main():
   print(f"{ARGS.config}: model {config.model.size}, batch {config.batch_size} x {config.seq_len}, "
         f"mesh data {config.mesh.data} fsdp {config.mesh.fsdp} tensor {config.mesh.tensor}, "
         f"remat {config.model.remat}, loop-invariant code motion {ARGS.licm}, "
+        f"overrides {ARGS.set or 'none'}, "
         f"{len(devices)} devices, jax {jax.__version__}")
   print("| program | per device GiB | arguments | temporaries | outputs | aliased | compile s |")
   print("|---|---|---|---|---|---|---|")

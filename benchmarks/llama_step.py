@@ -3,7 +3,8 @@
 Shared by `llama_memory.py` (XLA's memory analysis) and `weight_gather.py` (the collectives in the
 compiled HLO). The step is traced as the trainer traces it: activation sharding hints on, and
 quantized weights gathered as codes under FSDP when `config.quant.gather_quantized_weights`.
-Import after the virtual CPU devices are set up (`cpu_devices.use_virtual_cpu_devices`).
+jax is imported on the first compile, after the script sets up its virtual CPU devices
+(`cpu_devices.use_virtual_cpu_devices`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,14 @@ from __future__ import annotations
 import importlib.util
 import time
 
-import jax
-import jax.numpy as jnp
 
-from lpjax.models import llama
-from lpjax.train import config as cfg_lib
-from lpjax.train import _sharding as shd
-from lpjax.train._precision import build_policy
-from lpjax.train._optimizers import make_optimizer
-from lpjax.train._step import init_state, make_train_step
-from lpjax.train._tasks.lm import cross_entropy
+def add_step_arguments(parser):
+  """The flags that pick the step: --config, --devices, --vocab, --batch_size (no jax import,
+  so a script can parse them before it sets up its virtual devices)."""
+  parser.add_argument("--config", required=True, help="a config file in configs/")
+  parser.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
+  parser.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
+  parser.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
 
 
 def load_config(path: str):
@@ -33,6 +32,17 @@ def load_config(path: str):
 
 def compile_train_step(config, vocab: int, devices):
   """(jax.stages.Compiled train step of `config` on `devices`, compile seconds)."""
+  import jax
+  import jax.numpy as jnp
+
+  from lpjax.models import llama
+  from lpjax.train import config as cfg_lib
+  from lpjax.train import _sharding as shd
+  from lpjax.train._precision import build_policy
+  from lpjax.train._optimizers import make_optimizer
+  from lpjax.train._step import init_state, make_train_step
+  from lpjax.train._tasks.lm import cross_entropy
+
   with config.unlocked():
     config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
     config.model.vocab_size = vocab

@@ -20,25 +20,24 @@ import os
 import sys
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_step import add_step_arguments, compile_train_step, load_config  # noqa: E402
+
+
 def _parse():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="a config file in configs/")
-  p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (the mesh size)")
-  p.add_argument("--vocab", type=int, default=32000, help="vocabulary (T5: 32000)")
-  p.add_argument("--batch_size", type=int, default=0, help="override the config's global batch")
+  add_step_arguments(p)
   return p.parse_args()
 
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:  # before jax is imported
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from cpu_devices import use_virtual_cpu_devices
   use_virtual_cpu_devices(ARGS.devices)
 
 import jax  # noqa: E402
 
 from hlo_collectives import collective_bytes  # noqa: E402
-from llama_step import compile_train_step, load_config  # noqa: E402
 
 
 def gather_bytes(config, vocab: int, devices, on: bool) -> tuple[dict, float]:

@@ -144,6 +144,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.optimizer.gamma3 = 0.999  # stable_spam AdaClip momentum
   c.optimizer.reset_interval = 1000  # stable_spam / spam momentum reset interval
   c.optimizer.state_dtype = "float32"  # optimizer moments: float32 | bfloat16 (stochastic rounding)
+  c.optimizer.param_rounding = "stochastic"  # updates of bfloat16 params (model.param_dtype)
   c.optimizer.update(_OPTIMIZER_DEFAULTS.get(optimizer, {}))
 
   c.quant = ml_collections.ConfigDict()

@@ -59,9 +59,45 @@ def all_finite_floats(tree):
   return optim.all_finite(leaves)
 
 
+_PARAM_ROUNDING_TAG = 0x7A5E  # fold_in tag of the parameter-update SR key (microbatches use 0..k-1)
+PARAM_ROUNDINGS = ("stochastic", "nearest")
+
+
+def apply_updates(params, updates, key, rounding: str = "stochastic"):
+  """params + updates; bfloat16 parameters are updated in float32 and rounded back to bfloat16
+  stochastically (`rounding="stochastic"`, unbiased: updates far below an ulp still move the
+  weight on average) or to nearest (they are lost). Other dtypes: `optax.apply_updates`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> p = {"w": jnp.ones(20000, jnp.bfloat16)}
+    >>> u = {"w": jnp.full(20000, 2.0**-10, jnp.float32)}  # an eighth of bf16's ulp at 1
+    >>> float(apply_updates(p, u, None, "nearest")["w"].astype(jnp.float32).mean())
+    1.0
+    >>> mean = apply_updates(p, u, jax.random.key(0))["w"].astype(jnp.float32).mean()
+    >>> bool(abs(float(mean) - (1 + 2.0**-10)) < 1e-4)
+    True
+  """
+  if rounding not in PARAM_ROUNDINGS:
+    raise ValueError(f"rounding must be one of {PARAM_ROUNDINGS}, got {rounding!r}.")
+  leaves, treedef = jax.tree.flatten(params)
+  update_leaves = treedef.flatten_up_to(updates)
+  out = []
+  for i, (p, u) in enumerate(zip(leaves, update_leaves)):
+    if p is None or u is None or p.dtype != jnp.bfloat16:
+      out.append(optax.apply_updates(p, u) if p is not None and u is not None else p)
+      continue
+    total = p.astype(jnp.float32) + u.astype(jnp.float32)
+    if rounding == "stochastic":
+      out.append(optim.stochastic_round_to_bf16(total, jax.random.fold_in(key, i)))
+    else:
+      out.append(total.astype(jnp.bfloat16))
+  return treedef.unflatten(out)
+
+
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
                     nan_only_quantized: bool = False, grad_accum_steps: int = 1,
-                    low_precision_policy=None):
+                    low_precision_policy=None, param_rounding: str = "stochastic"):
   """train_step(state, batch, key, policy) -> (state, metrics); `policy` is static.
 
   loss_fn(params, model_state, batch, key, policy) -> (loss, (model_state, {name: scalar})), as
@@ -70,7 +106,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
   averaged, and the optimizer steps once: the same update as one big batch, with about 1/k of the
   activation memory (model_state, e.g. BatchNorm statistics, is threaded through the microbatches).
   A non-finite loss, gradient, new parameter or new optimizer state skips the update: params,
-  optimizer and model state are kept.
+  optimizer and model state are kept. bfloat16 parameters (low-precision master weights) are
+  updated by `apply_updates` with `param_rounding`.
   `nan_at_step` injects a NaN loss at that step (with `nan_only_quantized`, only while the run's
   own policy runs: `policy` None or `low_precision_policy`, not a high-precision fallback).
   """
@@ -120,7 +157,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
       grads = loss_scale.unscale(grads)
     grads_finite = optim.all_finite(grads) & jnp.isfinite(loss)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
+    new_params = apply_updates(state.params, updates,
+                               jax.random.fold_in(step_key, _PARAM_ROUNDING_TAG), param_rounding)
     # The whole update is checked, not only its inputs: a NaN learning rate, an optimizer that
     # divides by zero or an overflowing moment make finite gradients give non-finite parameters.
     update_finite = all_finite_floats((new_params, new_opt_state))

@@ -70,7 +70,8 @@ class Trainer:
     self._train_step = make_train_step(self.task.loss, self.tx, nan_at_step=config.debug.nan_at_step,
                                        nan_only_quantized=config.debug.nan_only_quantized,
                                        low_precision_policy=self.precision.policy,
-                                       grad_accum_steps=config.grad_accum_steps)
+                                       grad_accum_steps=config.grad_accum_steps,
+                                       param_rounding=config.optimizer.param_rounding)
     self._compiled = {}
     self._runners = {}  # (policy, batch shapes) -> the compiled train step
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),

@@ -152,6 +152,12 @@ def _check_names(config, problems):
                     f"{', '.join(OPTIMIZERS)}.")
   if config.optimizer.state_dtype not in STATE_DTYPES:
     problems.append(f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}.")
+  if config.optimizer.param_rounding not in ("stochastic", "nearest"):
+    problems.append(f"optimizer.param_rounding must be 'stochastic' or 'nearest' (how bfloat16 "
+                    f"parameters take their updates), got {config.optimizer.param_rounding!r}.")
+  if config.model.get("param_dtype", "float32") not in ("float32", "bfloat16"):
+    problems.append(f"model.param_dtype must be 'float32' or 'bfloat16' (master weights), got "
+                    f"{config.model.param_dtype!r}.")
   if config.resume not in RESUME_CHOICES:
     problems.append(f"resume {config.resume!r} is unknown; valid: {', '.join(RESUME_CHOICES)}.")
   for field in ("recipe", "high_precision_recipe"):

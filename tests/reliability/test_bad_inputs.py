@@ -139,6 +139,10 @@ CONFIG_CASES = [
     ("negative phase", lambda: small(**{"quant.qaf_fraction": -0.1}), "quant.qaf_fraction=-0.1"),
     ("keep fraction 1", lambda: small(**{"quant.keep_last_fraction": 1.0}), "keep_last_fraction"),
     ("unknown optimizer", lambda: small(**{"optimizer.name": "sgd"}), "valid: adamw"),
+    ("unknown param rounding", lambda: small(**{"optimizer.param_rounding": "floor"}),
+     "param_rounding must be 'stochastic' or 'nearest'"),
+    ("float16 master weights", lambda: small(**{"model.param_dtype": "float16"}),
+     "model.param_dtype must be 'float32' or 'bfloat16'"),
     ("unknown task", lambda: small(task="segmentation"), "task 'segmentation'"),
     ("lm with a resnet", lambda: small(**{"model.name": "resnet18"}), "task='classification'"),
     ("classification with a unet", lambda: small(task="classification", **{

@@ -20,3 +20,26 @@ def test_weight_decay_applies_to_matrices_only_for_every_optimizer(name):
   updates, _ = tx.update(zeros, tx.init(params), params)
   assert np.all(np.asarray(updates["scale"]) == 0.0)
   assert np.all(np.asarray(updates["kernel"]) < 0.0)  # decayed toward zero
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_bfloat16_master_weights_take_small_updates_only_with_stochastic_rounding(rounding):
+  """A train step with bf16 parameters: SGD steps of 1/8 ulp move the weights on average under
+  stochastic rounding and are lost under round-to-nearest (why SR is the default)."""
+  import optax
+  from lpjax.train._step import init_state, make_train_step
+
+  n, lr = 20000, 2.0**-10  # grad 1 -> update -2^-10 on weights of 1 (bf16 ulp there: 2^-7)
+  loss_fn = lambda p, ms, batch, key, policy: (jnp.sum(p["w"].astype(jnp.float32)), (ms, {}))
+  tx = optax.sgd(lr)
+  state = init_state({"w": jnp.full((n,), 1.5, jnp.bfloat16)}, None, tx)
+  step = jax.jit(make_train_step(loss_fn, tx, param_rounding=rounding), static_argnums=3)
+  for _ in range(4):
+    state, _ = step(state, {}, jax.random.key(0), None)
+  w = np.asarray(state.params["w"].astype(jnp.float32))
+  assert state.params["w"].dtype == jnp.bfloat16
+  if rounding == "nearest":
+    np.testing.assert_array_equal(w, 1.5)
+  else:  # E[w] = 1.5 - 4 * 2^-10; per-element std ~ 2^-7 / 2, so the mean is within ~4e-5
+    assert abs(w.mean() - (1.5 - 4 * lr)) < 3e-4
+    assert len(set(w.tolist())) > 1
