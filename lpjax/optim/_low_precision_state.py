@@ -54,10 +54,10 @@ def stochastic_round_to_bf16(x: jax.Array, key: jax.Array) -> jax.Array:
   """
   x = jnp.asarray(x)
   noise = jax.random.bits(key, x.shape, jnp.uint32) >> _LOW_HALF  # uniform in [0, 2^16)
-  return _round_with_noise(x, noise)
+  return round_with_noise(x, noise)
 
 
-def _round_with_noise(x: jax.Array, noise: jax.Array) -> jax.Array:
+def round_with_noise(x: jax.Array, noise: jax.Array) -> jax.Array:
   """SR of ``x`` to bfloat16 with ``noise``: uint32 values uniform in [0, 2^16)."""
   x32 = x.astype(jnp.float32)
   bits = jax.lax.bitcast_convert_type(x32, jnp.uint32)
@@ -140,8 +140,8 @@ def store_moments(
     k = jax.random.fold_in(key, i)  # cheaper to compile than one split into many keys
     if _is_sr(m, m_dtype) and _is_sr(v, v_dtype) and m.shape == v.shape:
       bits = jax.random.bits(k, m.shape, jnp.uint32)
-      new_firsts.append(_round_with_noise(m, bits >> _LOW_HALF))
-      new_seconds.append(_round_with_noise(v, bits & 0xFFFF))
+      new_firsts.append(round_with_noise(m, bits >> _LOW_HALF))
+      new_seconds.append(round_with_noise(v, bits & 0xFFFF))
     else:
       new_firsts.append(store(m, m_dtype, jax.random.fold_in(k, 0)))
       new_seconds.append(store(v, v_dtype, jax.random.fold_in(k, 1)))

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lpjax import optim
+from lpjax import optim, quant
+from lpjax.optim._low_precision_state import round_with_noise
 from lpjax.nn import constrain
 
 
@@ -89,7 +90,10 @@ def apply_updates(params, updates, key, rounding: str = "stochastic"):
       continue
     total = p.astype(jnp.float32) + u.astype(jnp.float32)
     if rounding == "stochastic":
-      out.append(optim.stochastic_round_to_bf16(total, jax.random.fold_in(key, i)))
+      # lpjax.quant's counter hash: elementwise, so XLA fuses the bits into the update instead
+      # of materializing a uint32 array the size of every parameter (as threefry's bits were)
+      noise = quant.random_bits(jax.random.fold_in(key, i), total.shape) >> 16
+      out.append(round_with_noise(total, noise))
     else:
       out.append(total.astype(jnp.bfloat16))
   return treedef.unflatten(out)
