@@ -181,6 +181,7 @@ def run_task(task: Task, args) -> dict:
   if os.path.exists(failed):
     os.remove(failed)
   start = time.time()
+  results = {}
   try:
     results = Trainer(config, task.workdir).run()
   except Exception as e:  # noqa: BLE001  (any failure is a result of the ablation)
@@ -189,7 +190,7 @@ def run_task(task: Task, args) -> dict:
       json.dump({"type": type(e).__name__, "error": str(e), "wall_time_s": time.time() - start}, f,
                 indent=1)
   finally:
-    if not args.keep_checkpoints:
+    if not args.keep_checkpoints and not results.get("stopped"):  # a stopped run resumes from it
       shutil.rmtree(os.path.join(task.workdir, "checkpoints"), ignore_errors=True)
     jax.clear_caches()  # each run compiles its own steps; do not keep them all
   results["elapsed_s"] = time.time() - start
@@ -299,7 +300,12 @@ def execute(args, to_run, to_copy):
 
   if args.jobs == 1:
     for task in to_run:
-      report_progress(task, run_task(task, args))
+      results = run_task(task, args)
+      if results.get("stopped"):  # SIGTERM / SIGINT: the run checkpointed; stop the sweep too
+        print(f"{task.sweep}/{task.row.label}/seed{task.seed}: stopped by signal "
+              f"{results.get('signal')}; the same command resumes the sweep.", flush=True)
+        sys.exit(128 + int(results.get("signal") or 15))
+      report_progress(task, results)
   else:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed

@@ -117,6 +117,25 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path, capsys):
   capsys.readouterr()
 
 
+def test_a_signal_stops_the_whole_sweep_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
+  """SIGTERM makes the trainer checkpoint and return "stopped"; the sweep must stop there too
+  (not go on to the next run) and keep that run's checkpoint for the resume."""
+  ran = []
+
+  def stopped_run(self):
+    ran.append(self.workdir)
+    os.makedirs(os.path.join(self.workdir, "checkpoints"), exist_ok=True)
+    return {"steps": 1, "stopped": True, "signal": 15}
+
+  from lpjax.train import Trainer
+  monkeypatch.setattr(Trainer, "run", stopped_run)
+  with pytest.raises(SystemExit) as exit_info:
+    ablate.main(["block_size", "--out", str(tmp_path)] + MICRO)
+  assert exit_info.value.code == 143 and len(ran) == 1
+  assert os.path.isdir(os.path.join(ran[0], "checkpoints"))
+  assert "the same command resumes" in capsys.readouterr().out
+
+
 # --- statistics against hand-computed numbers -------------------------------------------------
 
 def _fake_run(path, loss=None, fp=None, wall=100.0, curve=(), error=None):
