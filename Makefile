@@ -23,9 +23,9 @@ WORKDIR ?= runs/$(basename $(notdir $(CONFIG)))
 train: venv
 	$(BIN)/python train.py --config=$(CONFIG) --workdir=$(WORKDIR)
 
-# The test suite (what .ci/run runs). PYTEST_ARGS passes extra flags.
+# The test suite (what .ci/run runs; it lists its 25 slowest tests). PYTEST_ARGS passes extra flags.
 test: venv
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The optional TensorFlow extra (tf.data reading of tfrecord TFDS datasets) in its own venv, and
 # the tests that need it (CI runs the rest; these skip there).

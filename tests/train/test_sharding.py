@@ -95,11 +95,26 @@ def test_llama_kernel_axes_match_the_partition_rules():
 
 
 def test_fp4_weight_gather_keeps_the_training_bits(tmp_path):
-  """quant.gather_quantized_weights (FSDP gathers codes + scales) trains bit-identically."""
-  losses = {}
+  """quant.gather_quantized_weights (FSDP gathers codes + scales): one train step, bit-identical
+  loss, gradient norm and new parameters, and the compiled step gathers uint8."""
+  import numpy as np
+
+  out = {}
   for on in (False, True):
-    cfg = small("mxfp4", steps=2, **{"mesh.data": 1, "mesh.fsdp": 8, "batch_size": 16,
-                                     "quant.gather_quantized_weights": on})
-    losses[on] = Trainer(cfg, str(tmp_path / str(on))).run()
-  for key in ("final_train_loss", "final_eval_loss"):
-    assert losses[True][key] == losses[False][key], key
+    cfg = small("mxfp4", **{"mesh.data": 1, "mesh.fsdp": 8, "batch_size": 16,
+                            "quant.gather_quantized_weights": on})
+    trainer = Trainer(cfg, str(tmp_path / str(on)))
+    state = trainer.init_state()
+    tokens = jax.device_put(np.random.default_rng(0).integers(0, 256, (16, 32), dtype=np.int32),
+                            trainer.batch_sharding)
+    step = trainer.train_step(None)
+    text = step.lower(state, {"inputs": tokens, "targets": tokens},
+                      jax.random.key(0)).compile().as_text()
+    new_state, metrics = step(state, {"inputs": tokens, "targets": tokens}, jax.random.key(0))
+    out[on] = (text, metrics, jax.tree.leaves(new_state.params))
+  assert "u8[" in "".join(l for l in out[True][0].splitlines() if " all-gather(" in l)
+  assert "u8[" not in "".join(l for l in out[False][0].splitlines() if " all-gather(" in l)
+  for name in ("loss", "grad_norm"):
+    assert float(out[True][1][name]) == float(out[False][1][name]), name
+  for a, b in zip(out[True][2], out[False][2]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
