@@ -164,8 +164,22 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
   if x.size == 0:
     return _empty_qarray(x, fmt, axis)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
+  return _quantize_xla(x, rbits, tensor_amax, fmt=fmt, axis=axis, rounding=rounding,
+                       scale_mode=scale_mode, fast_path=fast.use_fast_path(fmt, rounding))
+
+
+# The XLA implementations below are jitted with their options static: a model traces each
+# (shape, dtype, options) once however many layers and passes (train step, eval, the fp32 eval)
+# quantize it. Tracing an exact quantizer is ~50 ms of Python; a U-Net's 350 quantizers traced
+# again per program made its first step minutes long. The nested jit costs nothing at run time
+# (XLA inlines it) and keeps the arithmetic, hence the bits, unchanged.
+_STATIC = ("fmt", "axis", "rounding", "scale_mode", "fast_path")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _quantize_xla(x, rbits, tensor_amax, *, fmt, axis, rounding, scale_mode, fast_path):
   layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
-                                fast.use_fast_path(fmt, rounding))
+                                fast_path)
   codes = layout.ungroup(enc.codes).astype(jnp.uint8)
   if fmt.element.is_packed:
     codes = pack_fp4(codes, axis=layout.axis)
@@ -202,9 +216,15 @@ def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array
   backend = _kernel_backend(impl, q.fmt)
   if backend is not None:
     return backend.dequantize(q, dtype)
-  layout = q.layout
   if math.prod(q.shape) == 0:
     return jnp.zeros(q.shape, dtype)
+  return _dequantize_xla(q, dtype=jnp.dtype(dtype),
+                         fast_path=fast.use_fast_path(q.fmt, "nearest_even"))
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "fast_path"))
+def _dequantize_xla(q, *, dtype, fast_path):
+  layout = q.layout
   codes = q.codes
   if q.fmt.element.is_packed:
     codes = unpack_fp4(codes, q.shape[layout.axis] if q.shape else 1, axis=layout.axis)
@@ -213,13 +233,18 @@ def dequantize(q: QArray, dtype=jnp.float32, *, impl: str = "auto") -> jax.Array
   amax_bits = None if q.tensor_scale is None else fb.to_bits(q.tensor_scale)
   zeros = None if q.zeros is None else layout.scales_in(q.zeros)
   out = codec.decode(layout.group(codes.astype(jnp.uint32)), layout.scales_in(scales), q.fmt,
-                     tensor_amax_bits=amax_bits, zeros=zeros,
-                     fast_path=fast.use_fast_path(q.fmt, "nearest_even"))
+                     tensor_amax_bits=amax_bits, zeros=zeros, fast_path=fast_path)
   return fb.from_bits(layout.ungroup(out)).astype(dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
 def _fake_quant(x, rbits, tensor_amax, fmt, axis, rounding, scale_mode, fast_path):
+  return _fake_quant_xla(x, rbits, tensor_amax, fmt=fmt, axis=axis, rounding=rounding,
+                         scale_mode=scale_mode, fast_path=fast_path)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _fake_quant_xla(x, rbits, tensor_amax, *, fmt, axis, rounding, scale_mode, fast_path):
   layout, enc = _grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
                                 fast_path, want_values=True)
   if enc.values is not None:  # the fast path dequantizes as it goes

@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS, EVERY = 300, 25
+STEPS, EVERY = 120, 20  # ~0.1 s a step: a kill after the first checkpoint lands mid-run
 FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=32",
          f"--config.checkpoint_every={EVERY}", "--config.eval_every=0", "--config.eval_steps=1",
          "--config.log_every=5", "--config.progress_bar=False", "--config.optimizer.warmup_steps=10",
