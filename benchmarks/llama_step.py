@@ -9,6 +9,7 @@ jax is imported on the first compile, after the script sets up its virtual CPU d
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 
@@ -55,7 +56,8 @@ def compile_train_step(config, vocab: int, devices):
       param_dtype=m.param_dtype)
   policy = build_policy(config)  # config.quant.*: the run's recipes, kept layers, residuals
   graphdef, _ = llama.abstract_model(model_cfg, policy)
-  tx = make_optimizer(config)
+  tx = make_optimizer(config, stacked_layers=functools.partial(
+      llama.stacked_layers, model_cfg, policy=policy))
 
   def init(key):
     return init_state(llama.init_params(model_cfg, key, policy), None, tx,

@@ -267,6 +267,24 @@ def init_params(cfg: LlamaConfig, key, policy: QuantPolicy | None = None):
   return nnx.split(model, nnx.Param)[1]
 
 
+def stacked_layers(cfg: LlamaConfig, params, policy: QuantPolicy | None = None):
+  """A pytree of bools like `params`: True for the blocks' parameters of a scanned model (their
+  leading axis is the layer), False elsewhere. Optimizers with per-tensor statistics take it to
+  keep them per layer (`lpjax.optim.stable_spam(stacked_layers=...)`).
+
+  Examples:
+    >>> cfg = LlamaConfig(vocab_size=257, hidden=64, intermediate=160, heads=4, layers=2,
+    ...                   max_seq_len=32)
+    >>> flags = stacked_layers(cfg, abstract_model(cfg)[1])
+    >>> sum(jax.tree.leaves(flags)), len(jax.tree.leaves(flags))  # the 9 tensors of a block
+    (9, 12)
+  """
+  scanned = cfg.scanned(policy if policy is not None else QuantPolicy())
+  first_key = lambda path: str(getattr(path[0], "key", getattr(path[0], "name", path[0])))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: scanned and first_key(path) == "layers", params)
+
+
 def apply(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPolicy | None, key):
   """Logits (B, L, vocab) in float32; `policy` (None: the one the model was built with) decides
   each GEMM's recipe for this call."""

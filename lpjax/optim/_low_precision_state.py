@@ -131,21 +131,34 @@ def store_moments(
     >>> m[0].dtype, v[0].dtype
     (dtype(bfloat16), dtype('float32'))
   """
-  if not any(_is_sr(x, d) for x, d in zip(firsts + seconds, first_dtypes + second_dtypes)):
-    return ([x.astype(d) for x, d in zip(firsts, first_dtypes)],
-            [x.astype(d) for x, d in zip(seconds, second_dtypes)])
   new_firsts, new_seconds = [], []
   for i, (m, v, m_dtype, v_dtype) in enumerate(
       zip(firsts, seconds, first_dtypes, second_dtypes)):
-    k = jax.random.fold_in(key, i)  # cheaper to compile than one split into many keys
-    if _is_sr(m, m_dtype) and _is_sr(v, v_dtype) and m.shape == v.shape:
-      bits = jax.random.bits(k, m.shape, jnp.uint32)
-      new_firsts.append(round_with_noise(m, bits >> _LOW_HALF))
-      new_seconds.append(round_with_noise(v, bits & 0xFFFF))
-    else:
-      new_firsts.append(store(m, m_dtype, jax.random.fold_in(k, 0)))
-      new_seconds.append(store(v, v_dtype, jax.random.fold_in(k, 1)))
+    # fold_in per tensor: cheaper to compile than one split into many keys
+    m, v = store_pair(m, v, m_dtype, v_dtype, jax.random.fold_in(key, i))
+    new_firsts.append(m)
+    new_seconds.append(v)
   return new_firsts, new_seconds
+
+
+def store_pair(m: jax.Array, v: jax.Array, m_dtype: Any, v_dtype: Any,
+               key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The two moments of one tensor, stored as :func:`store_moments` stores tensor ``i`` when
+  given ``key = fold_in(step_key, i)``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from lpjax.optim._low_precision_state import store_pair
+    >>> m, v = store_pair(jnp.ones(2), jnp.ones(2), jnp.bfloat16, jnp.bfloat16, jax.random.key(0))
+    >>> m.dtype, v.dtype
+    (dtype(bfloat16), dtype(bfloat16))
+  """
+  if _is_sr(m, m_dtype) and _is_sr(v, v_dtype) and m.shape == v.shape:
+    bits = jax.random.bits(key, m.shape, jnp.uint32)
+    return round_with_noise(m, bits >> _LOW_HALF), round_with_noise(v, bits & 0xFFFF)
+  if not (_is_sr(m, m_dtype) or _is_sr(v, v_dtype)):
+    return m.astype(m_dtype), v.astype(v_dtype)
+  return store(m, m_dtype, jax.random.fold_in(key, 0)), store(v, v_dtype, jax.random.fold_in(key, 1))
 
 
 def step_key(seed: jax.typing.ArrayLike, count: jax.Array) -> jax.Array:

@@ -61,6 +61,24 @@ def _is_reset_step(t: jax.Array, reset_interval) -> jax.Array:
   return (interval > 0) & (t % jnp.maximum(interval, 1) == 0)
 
 
+def _stacked_flags(stacked_layers, tree):
+  """stacked_layers (None, a pytree of bools, or a function of `tree`) as a pytree of bools."""
+  if stacked_layers is None:
+    return jax.tree.map(lambda _: False, tree)
+  flags = stacked_layers(tree) if callable(stacked_layers) else stacked_layers
+  def check(path, leaf, stacked):
+    if stacked and jnp.ndim(leaf) < 1:
+      raise ValueError(f"stacked_layers marks {jax.tree_util.keystr(path)}, a scalar, as stacked; "
+                       "only tensors with a leading layer axis can be.")
+    return bool(stacked)
+  try:
+    return jax.tree_util.tree_map_with_path(check, tree, flags)
+  except ValueError as e:
+    if "stacked_layers marks" in str(e):
+      raise
+    raise ValueError(f"stacked_layers must have the structure of the params ({e}).") from e
+
+
 def beta_scale(t: jax.Array, total_steps, eta_min, dtype) -> jax.Array:
   """The cosine factor ``s`` of docs/numerics.md §8 step 1 that multiplies ``b1`` and ``gamma1``."""
   if total_steps is None:
@@ -88,6 +106,7 @@ def scale_by_stable_spam(
     zero_moments_on_reset: bool = False,
     debias_with_global_step: bool = False,
     seed: jax.typing.ArrayLike = 0,
+    stacked_layers: Optional[Union[Any, Callable[[optax.Params], Any]]] = None,
 ) -> optax.GradientTransformation:
   r"""Rescales updates with Stable-SPAM (without learning rate or weight decay).
 
@@ -119,6 +138,12 @@ def scale_by_stable_spam(
       are debiased with the global step ``t`` instead of the shared, reset counter ``k``.
     seed: seed of the stochastic-rounding bits (the key of step ``t`` is derived from
       ``(seed, t)``); unused with float32 storage.
+    stacked_layers: a pytree of bools (or a function of the params returning one) marking the
+      tensors whose leading axis stacks the same weight of several layers, as a scanned model
+      stores them. Each layer of such a tensor is its own tensor of the rule: AdaClip's max and
+      AdaGN's norms are per layer (state of shape ``(layers,)``), as with unstacked layers,
+      and the update runs one layer at a time (``jax.lax.map``), so its float32 temporaries are
+      one layer's. ``None``: no tensor is stacked.
 
   Returns:
     A :class:`optax.GradientTransformation`; updates keep the gradients' dtypes.
@@ -146,15 +171,17 @@ def scale_by_stable_spam(
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
 
   def init_fn(params):
-    stat = lambda p: jnp.zeros([], _stat_dtype(p.dtype))
+    flags = _stacked_flags(stacked_layers, params)
+    stat = lambda p, stacked: jnp.zeros(p.shape[:1] if stacked else [], _stat_dtype(p.dtype))
+    stats = lambda: jax.tree.map(stat, params, flags)
     return ScaleByStableSpamState(
         count=jnp.zeros([], jnp.int32),
         step=jnp.zeros([], jnp.int32),
         mu=low_precision_state.zero_moments(params, mu_dtype),
         nu=low_precision_state.zero_moments(params, nu_dtype),
-        max_ema=jax.tree.map(stat, params),
-        norm_ema=jax.tree.map(stat, params),
-        norm_sq_ema=jax.tree.map(stat, params),
+        max_ema=stats(),
+        norm_ema=stats(),
+        norm_sq_ema=stats(),
     )
 
   def update_fn(updates, state, params=None):
@@ -208,13 +235,27 @@ def scale_by_stable_spam(
       return (update.astype(low_precision_state.float_dtype(g.dtype)), m, v, max_ema.astype(old_max_ema.dtype),
               norm_ema.astype(old_norm_ema.dtype), norm_sq_ema.astype(old_norm_sq_ema.dtype))
 
-    results = [one_tensor(*xs) for xs in zip(grads, *flat)]
+    key = low_precision_state.step_key(seed, t)
+
+    def stored_tensor(tensor_key, g, mu, nu, *stats):
+      """one_tensor, its moments stored (store_moments's rule for tensor i given its key)."""
+      update, m, v, *new_stats = one_tensor(g, mu, nu, *stats)
+      m, v = low_precision_state.store_pair(m, v, mu.dtype, nu.dtype, tensor_key)
+      return (update, m, v, *new_stats)
+
+    def layer_by_layer(tensor_key, *xs):
+      """stored_tensor of each slice along the leading axis (layer l's key is
+      fold_in(tensor_key, l))."""
+      layers = jnp.arange(xs[0].shape[0], dtype=jnp.uint32)
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(tensor_key, layers)
+      return jax.vmap(stored_tensor)(keys, *xs)
+
+    flags = treedef.flatten_up_to(_stacked_flags(stacked_layers, updates))
+    results = [(layer_by_layer if stacked else stored_tensor)(jax.random.fold_in(key, i), *xs)
+               for i, (stacked, xs) in enumerate(zip(flags, zip(grads, *flat)))]
     new_updates = [r[0] for r in results]
     new_mu = [r[1] for r in results]
     new_nu = [r[2] for r in results]
-    new_mu, new_nu = low_precision_state.store_moments(
-        new_mu, new_nu, [x.dtype for x in mus], [x.dtype for x in nus],
-        low_precision_state.step_key(seed, t))
 
     unflatten = lambda i: treedef.unflatten([r[i] for r in results])
     new_state = ScaleByStableSpamState(
@@ -250,6 +291,7 @@ def stable_spam(
     zero_moments_on_reset: bool = False,
     debias_with_global_step: bool = False,
     seed: jax.typing.ArrayLike = 0,
+    stacked_layers: Optional[Union[Any, Callable[[optax.Params], Any]]] = None,
 ) -> optax.GradientTransformation:
   r"""The Stable-SPAM optimizer (docs/numerics.md §8), optionally with its learning rate.
 
@@ -263,7 +305,7 @@ def stable_spam(
     learning_rate: ``None``, a float, or an optax schedule (called with the step count, 0
       at the first update).
     b1, b2, eps, gamma1, gamma2, gamma3, reset_interval, total_steps, eta_min, mu_dtype,
-      nu_dtype, zero_moments_on_reset, debias_with_global_step, seed: see
+      nu_dtype, zero_moments_on_reset, debias_with_global_step, seed, stacked_layers: see
       :func:`scale_by_stable_spam`.
     weight_decay: decoupled weight decay coefficient (multiplied by the learning rate).
     weight_decay_mask: a pytree of bools (or a function of the params returning one) that
@@ -299,7 +341,8 @@ def stable_spam(
           reset_interval=reset_interval, total_steps=total_steps, eta_min=eta_min,
           mu_dtype=mu_dtype, nu_dtype=nu_dtype,
           zero_moments_on_reset=zero_moments_on_reset,
-          debias_with_global_step=debias_with_global_step, seed=seed),
+          debias_with_global_step=debias_with_global_step, seed=seed,
+          stacked_layers=stacked_layers),
   ]
   if not (isinstance(weight_decay, (int, float)) and weight_decay == 0):
     # §8 step 2: decay of the pre-update weights, scaled by the lr below (or chained later).

@@ -43,9 +43,14 @@ def decay_mask(params):
   return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
+def make_optimizer(config, stacked_layers=None) -> optax.GradientTransformation:
   """The optax chain for config.optimizer (gradient clipping first, if enabled); weight decay
-  applies to the tensors of `decay_mask` whatever the optimizer (adam has none)."""
+  applies to the tensors of `decay_mask` whatever the optimizer (adam has none).
+
+  `stacked_layers` (a function of the params, e.g. `Task.stacked_layers`) marks the tensors that
+  stack the layers of a scanned model: Stable-SPAM keeps its per-tensor statistics per layer
+  there and updates them one layer at a time (adam, adamw and spam are elementwise: unchanged).
+  """
   o = config.optimizer
   schedule = learning_rate_schedule(config)
   state_dtype = jnp.bfloat16 if o.state_dtype == "bfloat16" else None
@@ -62,7 +67,8 @@ def make_optimizer(config) -> optax.GradientTransformation:
     tx = optim.stable_spam(schedule, b1=o.b1, b2=o.b2, eps=o.eps, gamma1=o.gamma1,
                            gamma2=o.gamma2, gamma3=o.gamma3, reset_interval=o.reset_interval,
                            weight_decay=o.weight_decay, weight_decay_mask=decay_mask,
-                           mu_dtype=state_dtype, nu_dtype=state_dtype, seed=config.seed)
+                           mu_dtype=state_dtype, nu_dtype=state_dtype, seed=config.seed,
+                           stacked_layers=stacked_layers)
   else:
     raise ValueError(f"Unknown optimizer {o.name!r}.")
   if o.grad_clip > 0:

@@ -64,7 +64,7 @@ class Trainer:
     self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
     self.precision = PrecisionController(config)  # builds the run's QuantPolicy, once
     self.task = make_task(config, self.precision.policy)
-    self.tx = make_optimizer(config)
+    self.tx = make_optimizer(config, stacked_layers=self.task.stacked_layers)
     self.lr_schedule = learning_rate_schedule(config)  # logged as train/lr
     self.batch_sharding = shd.batch_sharding(self.mesh)
     self._train_step = make_train_step(self.task.loss, self.tx, nan_at_step=config.debug.nan_at_step,

@@ -43,3 +43,23 @@ def test_bfloat16_master_weights_take_small_updates_only_with_stochastic_roundin
   else:  # E[w] = 1.5 - 4 * 2^-10; per-element std ~ 2^-7 / 2, so the mean is within ~4e-5
     assert abs(w.mean() - (1.5 - 4 * lr)) < 3e-4
     assert len(set(w.tolist())) > 1
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_stable_spam_keeps_statistics_per_block_of_a_scanned_llama(tmp_path, scan_layers):
+  """A scanned LLaMA stacks each weight of its blocks into one tensor; the trainer's Stable-SPAM
+  still keeps one AdaClip / AdaGN statistic per block (as the unrolled model has them)."""
+  from config_helpers import small
+  from lpjax.train._trainer import Trainer
+
+  trainer = Trainer(small("bf16", "stable_spam", **{"model.scan_layers": scan_layers}),
+                    str(tmp_path))
+  state = trainer.init_state()
+  spam_state = next(s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(
+      x, "max_ema")) if hasattr(s, "max_ema"))
+  layers = trainer.task.model_config.layers
+  shapes = {tuple(x.shape) for x in jax.tree.leaves(spam_state.max_ema)}
+  assert shapes == ({(layers,), ()} if scan_layers else {()})
+  assert len(jax.tree.leaves(spam_state.max_ema)) == (
+      12 if scan_layers else 3 + 9 * layers)  # embed, final norm, head + 9 tensors per block
+  trainer.checkpointer.close()

@@ -28,6 +28,13 @@ class Task(abc.ABC):
 
     self.policy = policy if policy is not None else build_policy(config)
 
+  def stacked_layers(self, params):
+    """A pytree of bools like `params`: True where a leading axis stacks the layers (a scanned
+    model); optimizers with per-tensor statistics keep them per layer there. Default: none."""
+    import jax
+
+    return jax.tree.map(lambda _: False, params)
+
   @abc.abstractmethod
   def init_variables(self, key) -> tuple[Any, Any]:
     """(params, model_state); model_state is None or a pytree (e.g. BatchNorm statistics)."""

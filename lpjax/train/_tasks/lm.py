@@ -56,6 +56,9 @@ class LanguageModelTask(Task):
   def init_variables(self, key):
     return llama.init_params(self.model_config, key, self.policy), None
 
+  def stacked_layers(self, params):
+    return llama.stacked_layers(self.model_config, params, self.policy)
+
   def loss(self, params, model_state, batch, key, policy):
     logits = self._apply(params, batch["inputs"], policy, key)
     loss, _ = cross_entropy(logits, batch["targets"])
