@@ -66,17 +66,16 @@ def _stacked_flags(stacked_layers, tree):
   if stacked_layers is None:
     return jax.tree.map(lambda _: False, tree)
   flags = stacked_layers(tree) if callable(stacked_layers) else stacked_layers
-  def check(path, leaf, stacked):
-    if stacked and jnp.ndim(leaf) < 1:
+  try:
+    flags = jax.tree.map(lambda _, stacked: bool(stacked), tree, flags)
+  except ValueError as e:
+    raise ValueError(f"stacked_layers must have the structure of the params ({e}).") from e
+  for path, leaf in jax.tree_util.tree_leaves_with_path(
+      jax.tree.map(lambda x, stacked: stacked and jnp.ndim(x) < 1, tree, flags)):
+    if leaf:
       raise ValueError(f"stacked_layers marks {jax.tree_util.keystr(path)}, a scalar, as stacked; "
                        "only tensors with a leading layer axis can be.")
-    return bool(stacked)
-  try:
-    return jax.tree_util.tree_map_with_path(check, tree, flags)
-  except ValueError as e:
-    if "stacked_layers marks" in str(e):
-      raise
-    raise ValueError(f"stacked_layers must have the structure of the params ({e}).") from e
+  return flags
 
 
 def beta_scale(t: jax.Array, total_steps, eta_min, dtype) -> jax.Array:
@@ -141,9 +140,9 @@ def scale_by_stable_spam(
     stacked_layers: a pytree of bools (or a function of the params returning one) marking the
       tensors whose leading axis stacks the same weight of several layers, as a scanned model
       stores them. Each layer of such a tensor is its own tensor of the rule: AdaClip's max and
-      AdaGN's norms are per layer (state of shape ``(layers,)``), as with unstacked layers,
-      and the update runs one layer at a time (``jax.lax.map``), so its float32 temporaries are
-      one layer's. ``None``: no tensor is stacked.
+      AdaGN's norms are per layer (state of shape ``(layers,)``), as with unstacked layers
+      (the update is vmapped over the layers; bf16 moments of layer ``l`` take their SR bits
+      from ``fold_in(tensor_key, l)``). ``None``: no tensor is stacked.
 
   Returns:
     A :class:`optax.GradientTransformation`; updates keep the gradients' dtypes.
@@ -195,7 +194,6 @@ def scale_by_stable_spam(
     grads, treedef = jax.tree.flatten(updates)
     flat = [treedef.flatten_up_to(x) for x in (
         state.mu, state.nu, state.max_ema, state.norm_ema, state.norm_sq_ema)]
-    mus, nus = flat[0], flat[1]
 
     def one_tensor(g, mu, nu, old_max_ema, old_norm_ema, old_norm_sq_ema):
       dt = _stat_dtype(g.dtype)
