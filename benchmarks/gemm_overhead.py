@@ -71,29 +71,35 @@ def run(names, *, tokens: int, d: int, ff: int, rounds: int, dtype=jnp.bfloat16)
 
 def quantizer_costs(*, tokens: int, ff: int, rounds: int = 9):
   """ns per element of one operand quantization (bf16 (tokens, ff) input, the MLP's largest
-  activation), and of the bf16 GEMM (tokens, d=512) x (512, ff) per output element."""
+  activation), and of the bf16 GEMM (tokens, d=512) x (512, ff) per output element.
+
+  The key (and the RHT signs drawn from it) is an argument of the jitted function, as in a train
+  step: a key captured as a constant lets XLA fold the random bits into the program.
+  """
   x = jax.random.normal(jax.random.key(0), (tokens, ff)).astype(jnp.bfloat16)
   w = jax.random.normal(jax.random.key(1), (512, ff)).astype(jnp.bfloat16)
   key = jax.random.key(2)
-  signs = opq.hadamard_signs(key, "wgrad", 32)
+  signs = lambda k: opq.hadamard_signs(k, "wgrad", 32)
   rtn = OperandQuant("mxfp4")
   sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", sr_prescale=0.75)
   cases = {
-      "bf16 GEMM, per output (K=512)": (lambda x: jnp.dot(x[:, :512], w, preferred_element_type=jnp.float32)),
-      "MXFP4 RTN": lambda x: opq.fake(x, rtn, axis=-1, key=None, dtype=jnp.bfloat16),
-      "MXFP4 SR x3/4": lambda x: opq.fake(x, sr, axis=-1, key=key, dtype=jnp.bfloat16),
-      "RHT-32 alone": lambda x: opq.rotate(x, 32, -1, signs).astype(jnp.bfloat16),
-      "MXFP4 SR x3/4 + RHT-32": lambda x: opq.fake(x, sr, axis=-1, key=key, signs=signs, block=32,
+      "bf16 GEMM, per output (K=512)": (
+          lambda x, k: jnp.dot(x[:, :512], w, preferred_element_type=jnp.float32)),
+      "MXFP4 RTN": lambda x, k: opq.fake(x, rtn, axis=-1, key=None, dtype=jnp.bfloat16),
+      "MXFP4 SR x3/4": lambda x, k: opq.fake(x, sr, axis=-1, key=k, dtype=jnp.bfloat16),
+      "RHT-32 alone": lambda x, k: opq.rotate(x, 32, -1, signs(k)).astype(jnp.bfloat16),
+      "MXFP4 SR x3/4 + RHT-32": lambda x, k: opq.fake(x, sr, axis=-1, key=k, signs=signs(k),
+                                                      block=32, dtype=jnp.bfloat16),
+      "NVFP4 RTN": lambda x, k: opq.fake(x, OperandQuant("nvfp4"), axis=-1, key=None,
+                                         dtype=jnp.bfloat16),
+      "FP8 e4m3 per tensor": lambda x, k: opq.fake(x, OperandQuant("fp8_e4m3"), axis=-1, key=None,
                                                    dtype=jnp.bfloat16),
-      "NVFP4 RTN": lambda x: opq.fake(x, OperandQuant("nvfp4"), axis=-1, key=None, dtype=jnp.bfloat16),
-      "FP8 e4m3 per tensor": lambda x: opq.fake(x, OperandQuant("fp8_e4m3"), axis=-1, key=None,
-                                                dtype=jnp.bfloat16),
   }
   out = {}
   for name, fn in cases.items():
     f = jax.jit(fn)
-    _time_once(f, x)
-    out[name] = statistics.median(_time_once(f, x) for _ in range(rounds)) / x.size * 1e9
+    _time_once(f, x, key)
+    out[name] = statistics.median(_time_once(f, x, key) for _ in range(rounds)) / x.size * 1e9
   return out
 
 
