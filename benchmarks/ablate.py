@@ -8,8 +8,8 @@
         --set data.tokenizer=/path/to/t5/spiece.model                     # GPUs, C4
 
 Sweeps (benchmarks/ablate_sweeps.py): format, scale_format, grad_rounding, granularity, gemms,
-optimizer, schedule, block_size, recipes, memory, quality (exactly the rows of the issue's quality
-goals), or all.
+operands, optimizer, schedule, block_size, recipes, memory, quality (exactly the rows of the issue's
+quality goals), or all.
 Every sweep includes the reference row fp32_adam (FP32 GEMMs, Adam) and reports each row's final
 eval loss relative to it, at equal steps.
 

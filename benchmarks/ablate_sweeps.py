@@ -72,6 +72,11 @@ SWEEPS: dict[str, list[Row]] = {
     "gemms": _named(Row("none_bf16", "bf16"), Row("fwd", "mxfp4:gemms=fwd"),
                     Row("bwd", "mxfp4:gemms=bwd"), Row("all", "mxfp4"),
                     Row("pure", "mxfp4", overrides=(("quant.policy", "pure"),))),
+    # Which tensor (X, W, dY in every GEMM) and which GEMM carries MXFP4's gap: one at a time.
+    "operands": _named(
+        Row("all", "mxfp4"), Row("x", "mxfp4:operands=x"), Row("w", "mxfp4:operands=w"),
+        Row("dy", "mxfp4:operands=dy"), Row("fwd", "mxfp4:gemms=fwd"),
+        Row("dgrad", "mxfp4:gemms=dgrad"), Row("wgrad", "mxfp4:gemms=wgrad")),
     # Optimizers at the paper lr and 3x, in FP32 and MXFP4.
     "optimizer": _named(*_optimizer_rows()),
     # High-precision (bf16) warm-up and finish around MXFP4.
@@ -124,6 +129,9 @@ DESCRIPTIONS = {
                    "from the current amax; and a fixed scale 2^0 that ignores the data.",
     "gemms": "Which GEMMs run MXFP4: forward only, backward only (dgrad + wgrad), all three, and "
              "pure (embeddings, LM head and attention products too).",
+    "operands": "Which tensor and which GEMM carry the gap of the mxfp4 recipe: every operand "
+                "MXFP4, then only X (forward and wgrad), only W (forward and dgrad), only dY "
+                "(dgrad and wgrad), and only the forward, dgrad or wgrad GEMM (both operands).",
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",

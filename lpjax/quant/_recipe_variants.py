@@ -12,6 +12,7 @@ removed). The modifiers, each allowed once:
 | key | values | what changes |
 |---|---|---|
 | gemms | all, fwd, bwd, or a "+"-joined subset of fwd, dgrad, wgrad | the GEMMs not named become high precision (both operands None); bwd = dgrad+wgrad |
+| operands | all, or a "+"-joined subset of x, w, dy | the tensors not named stay high precision in every GEMM: x is fwd.lhs and wgrad.lhs, w is fwd.rhs and dgrad.rhs, dy is dgrad.lhs and wgrad.rhs; a GEMM keeps its RHT while one of its operands is quantized |
 | grad_rounding | nearest_even, nearest_away, toward_zero, toward_positive, toward_negative, stochastic | the rounding of the gradient operand dY (dgrad.lhs and wgrad.rhs) only; its scale rule and SR pre-scale stay |
 | block_size | a positive int (16, 32, 64, ...) | the block (tile edge for 16x16-tiled weights) of every quantized operand |
 | scale | e8m0, ue4m3, fp32 | the block-scale format of every quantized operand (docs/numerics.md §2) |
@@ -36,7 +37,7 @@ Format modifiers (`block_size`, `scale`, `granularity`, `fixed_exponent`) rewrit
 - `block_size` applies to block granularity only (a preset that is per tensor, like fp8, needs
   `granularity=block` too).
 
-Modifiers apply in a fixed order, whatever their order in the spec: gemms, then the format
+Modifiers apply in a fixed order, whatever their order in the spec: gemms, operands, then the format
 modifiers, then grad_rounding. A modifier that would change nothing that exists (a high-precision
 preset, an SSP quantizer, no quantized gradient operand) is an error, as is an unknown key or value.
 
@@ -54,6 +55,9 @@ Examples:
   ('mxfp4', None, None)
   >>> parse("mxfp4:gemms=bwd").fwd.lhs is None, parse("nvfp4:gemms=fwd+wgrad").dgrad.lhs
   (True, None)
+  >>> r = parse("mxfp4:operands=dy")  # only the gradient: dgrad.lhs and wgrad.rhs
+  >>> r.fwd.lhs, r.fwd.rhs, r.dgrad.rhs, r.wgrad.lhs, r.dgrad.lhs.format.name, r.wgrad.rhs.rounding
+  (None, None, None, None, 'mxfp4', 'stochastic')
   >>> f = parse("mxfp4_naive:granularity=tensor").fwd.lhs.format
   >>> f.scale, f.granularity
   ('fp32', 'tensor')
@@ -80,6 +84,9 @@ GRANULARITIES = ("block", "channel", "tensor", "fixed")
 GEMM_SETS = ("all", "fwd", "bwd", "<gemm>+<gemm>... of fwd, dgrad, wgrad")
 # The gradient operand dY: lhs of dgrad (dX = dY W^T), rhs of wgrad (dW = X^T dY); docs/numerics.md §7.
 GRAD_OPERANDS = (("dgrad", "lhs"), ("wgrad", "rhs"))
+# The tensor each operand of the three GEMMs holds: Y = X W, dX = dY W^T, dW = X^T dY.
+TENSORS = {"x": (("fwd", "lhs"), ("wgrad", "lhs")), "w": (("fwd", "rhs"), ("dgrad", "rhs")),
+           "dy": GRAD_OPERANDS}
 
 
 class _Error(ValueError):
@@ -95,6 +102,16 @@ def _parse_gemms(value: str) -> tuple[str, ...]:
   if all(p in GEMMS for p in parts) and len(set(parts)) == len(parts):
     return tuple(g for g in GEMMS if g in parts)
   raise _Error(f"gemms={value!r} is not valid; valid: {', '.join(GEMM_SETS)} (e.g. 'fwd+dgrad').")
+
+
+def _parse_operands(value: str) -> tuple[str, ...]:
+  if value == "all":
+    return tuple(TENSORS)
+  parts = value.split("+")
+  if all(p in TENSORS for p in parts) and len(set(parts)) == len(parts):
+    return tuple(t for t in TENSORS if t in parts)
+  raise _Error(f"operands={value!r} is not valid; valid: all, or a '+'-joined subset of "
+               f"{', '.join(TENSORS)} (e.g. 'x+w').")
 
 
 def _choice(key, valid):
@@ -122,6 +139,7 @@ def _integer(key, low, high, example):
 # key -> value parser, in the order the keys are listed (application order is fixed in _apply).
 MODIFIERS = {
     "gemms": _parse_gemms,
+    "operands": _parse_operands,
     "grad_rounding": _choice("grad_rounding", formats.ROUNDING_MODES),
     "block_size": _integer("block_size", 1, 1 << 16, "16, 32 or 64"),
     "scale": _choice("scale", formats.SCALE_FORMATS),
@@ -206,6 +224,16 @@ def _apply(recipe: GemmRecipe, mods: dict) -> GemmRecipe:
     recipe = dataclasses.replace(recipe, **{g: GemmQuant() for g in GEMMS if g not in keep})
     if recipe.is_high_precision:
       raise _Error(f"gemms={'+'.join(keep)} leaves no quantized operand in this preset.")
+
+  if "operands" in mods:
+    if any(op == REUSE_FWD for _, _, op in _ops(recipe)):
+      raise _Error(f"operands cannot be changed on {recipe.name!r}: its backward GEMMs reuse the "
+                   "forward's quantized operands (REUSE_FWD).")
+    kept = {place for t in mods["operands"] for place in TENSORS[t]}
+    recipe = _replace_ops(recipe, lambda g, s, op: op if (g, s) in kept else None)
+    if recipe.is_high_precision:
+      raise _Error(f"operands={'+'.join(mods['operands'])} leaves no quantized operand in this "
+                   "recipe (check gemms= too).")
 
   format_mods = {k: mods[k] for k in FORMAT_KEYS if k in mods}
   if format_mods:

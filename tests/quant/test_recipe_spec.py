@@ -71,6 +71,47 @@ def test_gemms_keeps_the_named_gemms(preset, gemms, kept):
   assert parse(spec) == expected
 
 
+# Written out from Y = X W, dX = dY W^T, dW = X^T dY (not from the module's table).
+_WHERE = {"x": {("fwd", "lhs"), ("wgrad", "lhs")}, "w": {("fwd", "rhs"), ("dgrad", "rhs")},
+          "dy": {("dgrad", "lhs"), ("wgrad", "rhs")}}
+
+
+@pytest.mark.parametrize("preset", ["mxfp4", "nvfp4", "mxfp4_naive", "fp8"])
+@pytest.mark.parametrize("operands", ["x", "w", "dy", "x+w", "dy+x", "all"])
+def test_operands_keeps_the_named_tensors_in_every_gemm(preset, operands):
+  base = recipes.get(preset)
+  names = ["x", "w", "dy"] if operands == "all" else operands.split("+")
+  kept = set().union(*(_WHERE[n] for n in names))
+  got = _operands(parse(f"{preset}:operands={operands}"))
+  for where, op in _operands(base).items():
+    assert got[where] == (op if where in kept else None), where
+
+
+def test_operands_and_gemms_isolate_one_operand_of_one_gemm():
+  r = parse("mxfp4:gemms=wgrad,operands=dy")
+  assert [w for w, op in _operands(r).items() if op is not None] == [("wgrad", "rhs")]
+  assert r.wgrad.rhs == recipes.get("mxfp4").wgrad.rhs
+  assert r.wgrad.hadamard_block == recipes.get("mxfp4").wgrad.hadamard_block  # the RHT stays
+
+
+def test_operands_x_gives_the_gemm_of_an_exact_high_precision_weight():
+  """Only X quantized: the forward product is fake_quant(X) @ W with W only cast to the recipe's
+  bf16 compute dtype."""
+  x = jax.random.normal(jax.random.key(0), (8, 64))
+  w = jax.random.normal(jax.random.key(1), (64, 16))
+  from lpjax.quant import dot_general, fake_quant
+
+  dn = (((1,), (0,)), ((), ()))
+  got = dot_general(x, w, dn, recipe="mxfp4_naive:operands=x", key=jax.random.key(2))
+  bf16 = jnp.bfloat16
+  want = jnp.dot(fake_quant(x, "mxfp4").astype(bf16), w.astype(bf16),
+                 preferred_element_type=jnp.float32)
+  assert np.allclose(np.asarray(got, np.float32), np.asarray(want), rtol=1e-5, atol=1e-5)
+  both = dot_general(x, w, dn, recipe="mxfp4_naive", key=jax.random.key(2))
+  assert not np.allclose(np.asarray(got, np.float32), np.asarray(both, np.float32), rtol=1e-3,
+                         atol=1e-3)
+
+
 @pytest.mark.parametrize("preset", ["mxfp4", "mxfp4_naive", "mxfp4_bwd", "nvfp4", "mxfp8"])
 @pytest.mark.parametrize("block", [16, 64])
 def test_block_size(preset, block):
@@ -219,7 +260,9 @@ def test_fixed_scale_exponent_validation(kwargs):
 
 
 @pytest.mark.parametrize("spec", ["mxfp4:scale=ue4m3,block_size=16", "mxfp4_naive:granularity=fixed",
-                                  "nvfp4:gemms=bwd,grad_rounding=toward_zero"])
+                                  "nvfp4:gemms=bwd,grad_rounding=toward_zero",
+                                  "mxfp4:operands=dy", "quartet:operands=dy",
+                                  "nvfp4:operands=x+w"])
 def test_variants_train_through_a_quantized_gemm(spec):
   x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   w = jax.random.normal(jax.random.key(1), (64, 32)) * 0.5
@@ -275,6 +318,11 @@ def test_whitespace_is_dropped_and_a_bare_preset_is_the_preset():
     ("fp8:block_size=16", r"block_size applies to block granularity"),
     ("mxfp4:gemms=fwd,grad_rounding=stochastic", r"no quantized gradient operand"),
     ("mxfp4_bwd:gemms=fwd", r"leaves no quantized operand"),
+    ("mxfp4:operands=z", r"operands='z' is not valid; valid: all, or a '\+'-joined subset of x, w, dy"),
+    ("mxfp4:operands=x+x", r"operands='x\+x' is not valid"),
+    ("mxfp4:gemms=fwd,operands=dy", r"operands=dy leaves no quantized operand"),
+    ("ssp_fp4:operands=x", r"REUSE_FWD"),
+    ("quartet:operands=w", r"invalid recipe: scheme='quest' is a forward quantizer: put it on both"),
 ])
 def test_bad_specs_name_the_problem(spec, match):
   with pytest.raises(ValueError, match=match):
