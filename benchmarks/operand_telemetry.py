@@ -137,7 +137,8 @@ def measure(workdir: str, *, recipe: str | None = None, batches: int = 1) -> dic
   try:
     policy = trainer.precision.policy
     policy = policy.with_recipe(recipe) if recipe else policy
-    grad = jax.jit(jax.grad(lambda p, b, k: trainer.task.loss(p, state.model_state, b, k, policy)[0]))
+    loss = lambda p, b, k: trainer.task.loss(p, state.model_state, b, k, policy)[0]
+    grad = jax.jit(jax.grad(loss))
     it = trainer.task.batches(int(state.step), batches, 0, 1)
     for i, (_, batch) in zip(range(batches), it):
       jax.block_until_ready(grad(state.params, batch, jax.random.key(1000 + i)))
@@ -147,7 +148,8 @@ def measure(workdir: str, *, recipe: str | None = None, batches: int = 1) -> dic
   for place, rows in recorder.values.items():
     per, extra = divmod(len(rows), batches)  # values per batch: one per block of a scanned model
     if extra:
-      raise RuntimeError(f"{place}: {len(rows)} reports for {batches} batches; expected a multiple.")
+      raise RuntimeError(f"{place}: {len(rows)} reports for {batches} batches; expected a "
+                         "multiple.")
     blocks = [rows[b * per:(b + 1) * per] for b in range(batches)]
     out[place] = {s: list(np.mean([[r[s] for r in blk] for blk in blocks], axis=0)) for s in STATS}
   return {"step": int(state.step), "recipe": recipe or config.quant.recipe, "places": out}

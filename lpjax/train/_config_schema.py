@@ -29,6 +29,7 @@ VISION_MODELS = {
 TEXT_SOURCES = ("embedded", "text", "tfds")
 IMAGE_SOURCES = ("digits", "tfds")
 STATE_DTYPES = ("float32", "bfloat16")
+PARAM_ROUNDINGS = ("stochastic", "nearest")  # how bfloat16 master weights take their updates
 RESUME_CHOICES = ("auto", "restart", "params")
 
 # The papers' hyperparameters per optimizer (docs/numerics.md §8-10). The learning rate, warm-up

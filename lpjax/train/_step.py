@@ -30,6 +30,7 @@ import optax
 from lpjax import optim, quant
 from lpjax.optim._low_precision_state import round_with_noise
 from lpjax.nn import constrain
+from lpjax.train._config_schema import PARAM_ROUNDINGS
 
 
 @jax.tree_util.register_dataclass
@@ -61,7 +62,6 @@ def all_finite_floats(tree):
 
 
 _PARAM_ROUNDING_TAG = 0x7A5E  # fold_in tag of the parameter-update SR key (microbatches use 0..k-1)
-PARAM_ROUNDINGS = ("stochastic", "nearest")
 
 
 def apply_updates(params, updates, key, rounding: str = "stochastic"):

@@ -27,9 +27,9 @@ import os
 import ml_collections
 
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, RESUME_CHOICES, STATE_DTYPES,
-                                        TASKS, TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
-                                        flat_keys, task_keys, tasks_of)
+from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, PARAM_ROUNDINGS, RESUME_CHOICES,
+                                        STATE_DTYPES, TASKS, TEXT_SOURCES, VISION_MODELS,
+                                        ConfigError, base_config, flat_keys, task_keys, tasks_of)
 
 class _Problems(list):
   """The messages of one validation; `raise_if_any` raises them as one ConfigError."""
@@ -152,9 +152,10 @@ def _check_names(config, problems):
                     f"{', '.join(OPTIMIZERS)}.")
   if config.optimizer.state_dtype not in STATE_DTYPES:
     problems.append(f"optimizer.state_dtype must be one of {', '.join(STATE_DTYPES)}.")
-  if config.optimizer.param_rounding not in ("stochastic", "nearest"):
-    problems.append(f"optimizer.param_rounding must be 'stochastic' or 'nearest' (how bfloat16 "
-                    f"parameters take their updates), got {config.optimizer.param_rounding!r}.")
+  if config.optimizer.param_rounding not in PARAM_ROUNDINGS:
+    valid = " or ".join(map(repr, PARAM_ROUNDINGS))
+    problems.append(f"optimizer.param_rounding must be {valid} (how bfloat16 parameters take "
+                    f"their updates), got {config.optimizer.param_rounding!r}.")
   if config.model.get("param_dtype", "float32") not in ("float32", "bfloat16"):
     problems.append(f"model.param_dtype must be 'float32' or 'bfloat16' (master weights), got "
                     f"{config.model.param_dtype!r}.")
