@@ -20,9 +20,10 @@ def _state():
 
 
 def _files(root):
-  """Relative paths; the random names of tensorstore's data files (under .../d/) as "d/*"."""
+  """The set of relative paths, every data file of tensorstore (random names, a number that
+  depends on write concurrency, in a directory named d) as one "d/*"."""
   paths = (os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files)
-  return sorted(re.sub(r"(^|/)d/[0-9a-f]+$", r"\1d/*", p) for p in paths)
+  return sorted({re.sub(r"(^|/)d/[0-9a-f]+$", r"\1d/*", p) for p in paths})
 
 
 def test_the_files_are_the_stock_handlers_and_restore_bit_exactly(tmp_path):
