@@ -3,8 +3,11 @@
 Adam-type moments kept in bfloat16 with round-to-nearest stagnate: with b2 = 0.999 the
 update ``0.999 v + 0.001 g^2`` usually rounds back to ``v``. Stochastic rounding (SR) keeps the
 stored value unbiased, ``E[store(x)] = x``, so the moments track their float32 values on average
-while taking half the memory. The random bits come from ``jax.random`` with a key derived from
-``(seed, step)``, so a run is reproducible and resuming from a checkpoint replays the same bits.
+while taking half the memory. The random bits are a hash of a ``jax.random`` key derived from
+``(seed, step)`` and of each element's index (:func:`random_bits`), so a run is reproducible and
+resuming from a checkpoint replays the same bits. Being elementwise, the hash fuses into the
+update: no uint32 array the size of the state is ever materialized (``jax.random.bits`` runs a
+loop on CPU whose outputs are, half a GiB per device for the 1B config's layer stacks).
 
 The rounding is done with integer operations on the float32 bits (add 16 random bits below the
 bfloat16 mantissa, then truncate), the same add-and-truncate convention as docs/numerics.md §6.
@@ -30,6 +33,51 @@ def zero_moments(params, dtype=None):
       lambda p: jnp.zeros(jnp.shape(p), float_dtype(p.dtype) if dtype is None else dtype), params)
 
 
+def _avalanche(h: jax.Array) -> jax.Array:
+  """A bijection of uint32 in which every output bit depends on every input bit (xorshift-multiply
+  rounds with the constants of Wellons' "lowbias32", a search-optimized 32-bit integer hash)."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x21F0AAAD)
+  h = h ^ (h >> 15)
+  h = h * jnp.uint32(0xD35A2D97)
+  return h ^ (h >> 15)
+
+
+def random_bits(key: jax.Array, shape) -> jax.Array:
+  """uint32 bits for every element of ``shape``: a hash of ``key`` and the element's row-major
+  index, so the bits do not depend on how an array is sharded or fused, and XLA computes them
+  inside the fusion that uses them.
+
+  Args:
+    key: a ``jax.random`` key (typed, or raw uint32 key data).
+    shape: the array's shape.
+
+  Returns:
+    A uint32 array of ``shape``.
+
+  Examples:
+    >>> import jax
+    >>> from lpjax.optim._low_precision_state import random_bits
+    >>> a = random_bits(jax.random.key(0), (2, 3))
+    >>> bool((a.reshape(6) == random_bits(jax.random.key(0), (6,))).all())
+    True
+    >>> bool((a == random_bits(jax.random.key(1), (2, 3))).any())
+    False
+  """
+  data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+  words = jnp.asarray(data, jnp.uint32).reshape(-1)
+  k0, k1 = words[0], words[-1]
+  for w in words[1:-1]:  # keys of more than two words (rbg) fold the middle ones in
+    k1 = _avalanche(k1 ^ w)
+  shape = tuple(int(d) for d in shape)
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for dim in reversed(range(len(shape))):  # row-major flat index (wraps past 2**32 elements)
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride % 2**32)
+    stride *= shape[dim]
+  return _avalanche(_avalanche(index + k0) ^ k1)
+
+
 def stochastic_round_to_bf16(x: jax.Array, key: jax.Array) -> jax.Array:
   """Rounds ``x`` to bfloat16, up with probability equal to the discarded fraction of an ulp.
 
@@ -53,7 +101,7 @@ def stochastic_round_to_bf16(x: jax.Array, key: jax.Array) -> jax.Array:
     True
   """
   x = jnp.asarray(x)
-  noise = jax.random.bits(key, x.shape, jnp.uint32) >> _LOW_HALF  # uniform in [0, 2^16)
+  noise = random_bits(key, x.shape) >> _LOW_HALF  # uniform in [0, 2^16)
   return round_with_noise(x, noise)
 
 
@@ -154,7 +202,7 @@ def store_pair(m: jax.Array, v: jax.Array, m_dtype: Any, v_dtype: Any,
     (dtype(bfloat16), dtype(bfloat16))
   """
   if _is_sr(m, m_dtype) and _is_sr(v, v_dtype) and m.shape == v.shape:
-    bits = jax.random.bits(key, m.shape, jnp.uint32)
+    bits = random_bits(key, m.shape)
     return round_with_noise(m, bits >> _LOW_HALF), round_with_noise(v, bits & 0xFFFF)
   if not (_is_sr(m, m_dtype) or _is_sr(v, v_dtype)):
     return m.astype(m_dtype), v.astype(v_dtype)
