@@ -148,11 +148,35 @@ def _write_run_json(task: Task, key: str, extra=None):
               indent=1)
 
 
+def same_run(recorded: str, key: str) -> bool:
+  """Whether a run recorded under key `recorded` is the run `key` asks for: equal keys, or keys
+  that differ only in config fields added to lpjax after the run, each at its default (the
+  behaviour the run had before the field existed).
+
+  Examples:
+    >>> same_run('{"a": 1}', '{"a": 1, "grad_accum_dtype": "float32"}')
+    True
+    >>> same_run('{"a": 1}', '{"a": 1, "grad_accum_dtype": "bfloat16"}')
+    False
+    >>> same_run('{"a": 1}', '{"a": 2}')
+    False
+  """
+  if recorded == key:
+    return True
+  from lpjax.train import config as cfg_lib
+  old, new = json.loads(recorded), json.loads(key)
+  if any(k not in new or new[k] != v for k, v in old.items()):
+    return False
+  defaults = sweeps.flat(cfg_lib.base_config(new.get("task", "lm")))
+  return all(k in defaults and json.dumps(defaults[k], default=str) == json.dumps(new[k])
+             for k in new.keys() - old.keys())
+
+
 def _check_same_config(task: Task, key: str):
   path = os.path.join(task.workdir, "run.json")
   if os.path.exists(path):
     with open(path) as f:
-      if json.load(f)["key"] != key:
+      if not same_run(json.load(f)["key"], key):
         raise SystemExit(f"{task.workdir} was trained with another config (other --steps, --set or "
                          "sweep definition); use another --out directory, or delete that run.")
 

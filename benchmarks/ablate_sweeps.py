@@ -100,7 +100,8 @@ SWEEPS: dict[str, list[Row]] = {
         Row("mxfp4_bwd", "mxfp4_bwd"), Row("nvfp4_bwd_ms_eden", "nvfp4_bwd_ms_eden"),
         Row("fp32_stable_spam", "fp32", "stable_spam"), Row("mxfp4_stable_spam", "mxfp4", "stable_spam")),
     # Memory options of the 1B config (issue 18) on the tiny model: its MXFP4 + Stable-SPAM with
-    # bf16 moments, then bf16 master weights (stochastic / nearest updates).
+    # bf16 moments, then bf16 master weights (stochastic / nearest updates), then bf16 gradient
+    # accumulators.
     "memory": _named(
         Row("mxfp4_sspam_bf16state", "mxfp4", "stable_spam",
             overrides=(("optimizer.state_dtype", "bfloat16"),)),
@@ -108,7 +109,14 @@ SWEEPS: dict[str, list[Row]] = {
             overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"))),
         Row("mxfp4_sspam_bf16state_bf16params_rne", "mxfp4", "stable_spam",
             overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
-                       ("optimizer.param_rounding", "nearest")))),
+                       ("optimizer.param_rounding", "nearest"))),
+        # 4 microbatches (as the 1B config's 8), their gradients summed in float32 / bfloat16 (SR)
+        Row("mxfp4_sspam_bf16state_bf16params_accum4", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
+                       ("grad_accum_steps", 4))),
+        Row("mxfp4_sspam_bf16state_bf16params_bf16accum4", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
+                       ("grad_accum_steps", 4), ("grad_accum_dtype", "bfloat16")))),
     # Exactly the rows the issue's quality goals compare (ablate_report.quality_goals).
     "quality": _named(
         Row("mxfp4_bwd_adam", "mxfp4_bwd"), Row("mxfp4_adam", "mxfp4"), Row("nvfp4_adam", "nvfp4"),
@@ -141,7 +149,8 @@ DESCRIPTIONS = {
                "nvfp4_bwd_ms_eden) and Stable-SPAM in FP32 and MXFP4.",
     "memory": "Memory options of configs/llama_1b_mxfp4.py at tiny scale: MXFP4 + Stable-SPAM with "
               "bf16 moments, plus bf16 master weights updated with stochastic rounding, or to "
-              "nearest.",
+              "nearest; then 4 microbatches with float32 or bf16 (stochastic rounding) gradient "
+              "accumulators.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",
 }
 

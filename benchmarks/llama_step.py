@@ -75,7 +75,9 @@ def compile_train_step(config, vocab: int, devices):
     logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
     return cross_entropy(logits, batch["targets"])[0], (model_state, {})
 
-  step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps)
+  step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps,
+                         param_rounding=config.optimizer.param_rounding,
+                         grad_accum_dtype=config.grad_accum_dtype)
   gather = config.quant.gather_quantized_weights
 
   def traced_step(s, b, k):

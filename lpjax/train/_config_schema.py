@@ -30,6 +30,7 @@ TEXT_SOURCES = ("embedded", "text", "tfds")
 IMAGE_SOURCES = ("digits", "tfds")
 STATE_DTYPES = ("float32", "bfloat16")
 PARAM_ROUNDINGS = ("stochastic", "nearest")  # how bfloat16 master weights take their updates
+GRAD_ACCUM_DTYPES = ("float32", "bfloat16")  # accumulators of the microbatch gradients
 RESUME_CHOICES = ("auto", "restart", "params")
 
 # The papers' hyperparameters per optimizer (docs/numerics.md §8-10). The learning rate, warm-up
@@ -79,6 +80,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.steps = 1000  # optimizer steps
   c.batch_size = 32  # global batch, in sequences (lm) or images
   c.grad_accum_steps = 1  # microbatches per step (same update, ~1/k of the activation memory)
+  c.grad_accum_dtype = "float32"  # their gradients' sum: float32 | bfloat16 (stochastic rounding)
   if lm:
     c.seq_len = 128  # tokens per sequence
   c.eval_every = 250  # steps between evaluations (0: only at the end)

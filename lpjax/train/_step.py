@@ -30,7 +30,7 @@ import optax
 from lpjax import optim, quant
 from lpjax.optim._low_precision_state import round_with_noise
 from lpjax.nn import constrain
-from lpjax.train._config_schema import PARAM_ROUNDINGS
+from lpjax.train._config_schema import GRAD_ACCUM_DTYPES, PARAM_ROUNDINGS
 
 
 @jax.tree_util.register_dataclass
@@ -62,6 +62,33 @@ def all_finite_floats(tree):
 
 
 _PARAM_ROUNDING_TAG = 0x7A5E  # fold_in tag of the parameter-update SR key (microbatches use 0..k-1)
+_ACCUM_ROUNDING_TAG = 0xACC0  # ... of the gradient accumulator's SR key (then the microbatch)
+
+
+def accumulate(total, grads, key):
+  """total + grads, leaf by leaf, in total's dtype: float32 exactly as `jnp.add`; a bfloat16
+  accumulator sums in float32 and rounds back stochastically (unbiased: a microbatch's gradient
+  far below the accumulator's ulp still counts on average), with elementwise bits that fuse into
+  the add.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> total = {"g": jnp.ones(20000, jnp.bfloat16)}
+    >>> step = {"g": jnp.full(20000, 2.0**-10, jnp.bfloat16)}  # an eighth of bf16's ulp at 1
+    >>> summed = accumulate(total, step, jax.random.key(0))["g"].astype(jnp.float32)
+    >>> round(float(summed.mean()) - 1, 3)  # 2^-10 on average; round to nearest would give 0
+    0.001
+    >>> accumulate({"g": jnp.ones(2)}, {"g": jnp.ones(2)}, None)["g"].tolist()
+    [2.0, 2.0]
+  """
+  leaves, treedef = jax.tree.flatten(total)
+  out = []
+  for i, (t, g) in enumerate(zip(leaves, treedef.flatten_up_to(grads))):
+    s = t.astype(jnp.float32) + g.astype(jnp.float32)
+    if t.dtype == jnp.bfloat16:
+      s = round_with_noise(s, quant.random_bits(jax.random.fold_in(key, i), s.shape) >> 16)
+    out.append(s.astype(t.dtype))
+  return treedef.unflatten(out)
 
 
 def apply_updates(params, updates, key, rounding: str = "stochastic"):
@@ -101,7 +128,8 @@ def apply_updates(params, updates, key, rounding: str = "stochastic"):
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
                     nan_only_quantized: bool = False, grad_accum_steps: int = 1,
-                    low_precision_policy=None, param_rounding: str = "stochastic"):
+                    low_precision_policy=None, param_rounding: str = "stochastic",
+                    grad_accum_dtype: str = "float32"):
   """train_step(state, batch, key, policy) -> (state, metrics); `policy` is static.
 
   loss_fn(params, model_state, batch, key, policy) -> (loss, (model_state, {name: scalar})), as
@@ -109,12 +137,17 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
   i + k, ... form microbatch i, so a batch sharded by rows stays local), their gradients are
   averaged, and the optimizer steps once: the same update as one big batch, with about 1/k of the
   activation memory (model_state, e.g. BatchNorm statistics, is threaded through the microbatches).
+  The gradients are summed in a `grad_accum_dtype` accumulator (`accumulate`: bfloat16 with
+  stochastic rounding halves its memory).
   A non-finite loss, gradient, new parameter or new optimizer state skips the update: params,
   optimizer and model state are kept. bfloat16 parameters (low-precision master weights) are
   updated by `apply_updates` with `param_rounding`.
   `nan_at_step` injects a NaN loss at that step (with `nan_only_quantized`, only while the run's
   own policy runs: `policy` None or `low_precision_policy`, not a high-precision fallback).
   """
+  if grad_accum_dtype not in GRAD_ACCUM_DTYPES:
+    raise ValueError(f"grad_accum_dtype must be one of {GRAD_ACCUM_DTYPES}, got "
+                     f"{grad_accum_dtype!r}.")
 
   def grads_of(params, model_state, batch, step_key, step, loss_scale, policy):
     def scaled_loss(params):
@@ -148,9 +181,11 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
         loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
                                                  jax.random.fold_in(step_key, i), state.step,
                                                  state.loss_scale, policy)
-        return (total_loss + loss, jax.tree.map(jnp.add, total_grads, grads), model_state), aux
+        total_grads = accumulate(total_grads, grads, jax.random.fold_in(accum_key, i))
+        return (total_loss + loss, total_grads, model_state), aux
 
-      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+      accum_key = jax.random.fold_in(step_key, _ACCUM_ROUNDING_TAG)
+      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, grad_accum_dtype), state.params)
       (loss, grads, model_state), aux = jax.lax.scan(
           body, (jnp.zeros([], jnp.float32), zeros, state.model_state), (jnp.arange(k), micro))
       loss = loss / k

@@ -71,7 +71,8 @@ class Trainer:
                                        nan_only_quantized=config.debug.nan_only_quantized,
                                        low_precision_policy=self.precision.policy,
                                        grad_accum_steps=config.grad_accum_steps,
-                                       param_rounding=config.optimizer.param_rounding)
+                                       param_rounding=config.optimizer.param_rounding,
+                                       grad_accum_dtype=config.grad_accum_dtype)
     self._compiled = {}
     self._runners = {}  # (policy, batch shapes) -> the compiled train step
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),

@@ -27,9 +27,10 @@ import os
 import ml_collections
 
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, PARAM_ROUNDINGS, RESUME_CHOICES,
-                                        STATE_DTYPES, TASKS, TEXT_SOURCES, VISION_MODELS,
-                                        ConfigError, base_config, flat_keys, task_keys, tasks_of)
+from lpjax.train._config_schema import (GRAD_ACCUM_DTYPES, IMAGE_SOURCES, OPTIMIZERS,
+                                        PARAM_ROUNDINGS, RESUME_CHOICES, STATE_DTYPES, TASKS,
+                                        TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
+                                        flat_keys, task_keys, tasks_of)
 
 class _Problems(list):
   """The messages of one validation; `raise_if_any` raises them as one ConfigError."""
@@ -156,6 +157,10 @@ def _check_names(config, problems):
     valid = " or ".join(map(repr, PARAM_ROUNDINGS))
     problems.append(f"optimizer.param_rounding must be {valid} (how bfloat16 parameters take "
                     f"their updates), got {config.optimizer.param_rounding!r}.")
+  if config.grad_accum_dtype not in GRAD_ACCUM_DTYPES:
+    valid = " or ".join(map(repr, GRAD_ACCUM_DTYPES))
+    problems.append(f"grad_accum_dtype must be {valid} (the sum of the microbatch gradients), got "
+                    f"{config.grad_accum_dtype!r}.")
   if config.model.get("param_dtype", "float32") not in ("float32", "bfloat16"):
     problems.append(f"model.param_dtype must be 'float32' or 'bfloat16' (master weights), got "
                     f"{config.model.param_dtype!r}.")

@@ -215,3 +215,19 @@ def test_quality_goals_against_hand_computed_verdicts(tmp_path):
   assert report.quality_goals(stats)[2]["holds"] is None  # not run: not measured
   text = report.quality_markdown(report.quality_goals(stats))
   assert "| nvfp4 no worse than mxfp4 | not run vs 2.0700 | not measured |" in text
+
+
+def test_a_run_recorded_before_a_config_field_existed_still_counts(tmp_path):
+  """A finished run whose key lacks a field lpjax added later is the same run when the field is
+  at its default, and another run otherwise (`ablate.py` refuses to mix them)."""
+  row = sweeps.SWEEPS["recipes"][0]
+  config = sweeps.row_config(row, size="tiny", seed=0, steps=5)
+  key = ablate.run_key(config)
+  recorded = json.loads(key)
+  del recorded["grad_accum_dtype"]  # as a run of a version before the field was recorded it
+  recorded = json.dumps(recorded, sort_keys=True)
+  assert ablate.same_run(recorded, key)
+  config.grad_accum_dtype = "bfloat16"
+  assert not ablate.same_run(recorded, ablate.run_key(config))
+  config.grad_accum_dtype, config.optimizer.lr = "float32", 0.5
+  assert not ablate.same_run(recorded, ablate.run_key(config))
