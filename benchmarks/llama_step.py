@@ -42,7 +42,7 @@ def compile_train_step(config, vocab: int, devices):
   from lpjax.train._precision import build_policy
   from lpjax.train._optimizers import make_optimizer
   from lpjax.train._step import init_state, make_train_step
-  from lpjax.train._tasks.lm import cross_entropy
+  from lpjax.train._tasks.lm import chunked_cross_entropy, cross_entropy
 
   with config.unlocked():
     config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
@@ -72,6 +72,13 @@ def compile_train_step(config, vocab: int, devices):
   batch = {"inputs": tokens, "targets": tokens}
 
   def loss_fn(params, model_state, batch, key, step_policy):
+    chunks = config.model.get("vocab_chunks", 0)
+    if chunks > 1:  # as the trainer's LM task
+      features, head = llama.apply_features(graphdef, model_cfg, params, batch["inputs"],
+                                            step_policy, key)
+      loss = chunked_cross_entropy(features, head, model_cfg.vocab_size, batch["targets"],
+                                   chunks)[0]
+      return loss, (model_state, {})
     logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
     return cross_entropy(logits, batch["targets"])[0], (model_state, {})
 

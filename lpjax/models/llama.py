@@ -225,6 +225,11 @@ class Llama(nnx.Module):
     return apply_policy(self, self.policy)
 
   def __call__(self, tokens, *, key):
+    features, head_key = self.features(tokens, key=key)
+    return constrain(self.lm_head(features, key=head_key), _VOCAB)
+
+  def features(self, tokens, *, key):
+    """(the final norm's output (B, L, hidden), the LM head's key): everything but the head."""
     cfg = self.cfg
     if tokens.shape[-1] > cfg.max_seq_len:
       raise ValueError(f"Sequence length {tokens.shape[-1]} exceeds the model's max_seq_len "
@@ -243,7 +248,7 @@ class Llama(nnx.Module):
     else:
       for i, block in enumerate(self.layers):
         x = run_block(block, x, keys[i])
-    return constrain(self.lm_head(self.norm(x), key=keys[-1]), _VOCAB)
+    return self.norm(x), keys[-1]
 
 
 def _fake_quant_table(table, recipe, key):
@@ -283,6 +288,35 @@ def stacked_layers(cfg: LlamaConfig, params, policy: QuantPolicy | None = None):
   first_key = lambda path: str(getattr(path[0], "key", getattr(path[0], "name", path[0])))
   return jax.tree_util.tree_map_with_path(
       lambda path, _: scanned and first_key(path) == "layers", params)
+
+
+def apply_features(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPolicy | None, key):
+  """(features, head): the final norm's output (B, L, hidden) and `head(features, start, size)`,
+  the float32 logits of vocabulary entries start .. start + size - 1 (`QDense.columns` of the LM
+  head: it needs a high-precision head, the default policy's). For losses that never hold the
+  whole logits (lpjax.train's vocab-chunked cross-entropy).
+
+  Examples:
+    >>> cfg = LlamaConfig(vocab_size=40, hidden=32, intermediate=64, heads=2, layers=1,
+    ...                   max_seq_len=8)
+    >>> graphdef, params = abstract_model(cfg)
+    >>> params = init_params(cfg, jax.random.key(0))
+    >>> tokens = jnp.zeros((1, 8), jnp.int32)
+    >>> h, head = apply_features(graphdef, cfg, params, tokens, None, jax.random.key(1))
+    >>> full = apply(graphdef, cfg, params, tokens, None, jax.random.key(1))
+    >>> h.shape, bool(jnp.allclose(head(h, 10, 5), full[..., 10:15], atol=1e-6))
+    ((1, 8, 32), True)
+  """
+  model = nnx.merge(graphdef, params)
+  if policy is not None:
+    model.set_policy(policy)
+  features, head_key = model.features(tokens, key=key)
+
+  def head(x, start, size):
+    logits = model.lm_head.columns(x, start, size, key=head_key)
+    return constrain(logits, _VOCAB).astype(jnp.float32)
+
+  return features, head
 
 
 def apply(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPolicy | None, key):

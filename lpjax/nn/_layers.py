@@ -105,6 +105,29 @@ class QDense(_Quantized):
     y = quant.dot_general(x, kernel, dn, recipe, key=key, rhs_axes=self.kernel_axes)
     return y if bias is None else y + bias
 
+  def columns(self, x, start, size: int, *, key=None):
+    """`self(x)[..., start:start + size]` without the other columns: the kernel's columns from
+    `start` (an int or a traced scalar, e.g. a loop index) through a high-precision recipe (a
+    block-scaled recipe would quantize a slice differently from the whole kernel).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> layer = QDense(8, 6, rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((2, 8))
+      >>> bool(jnp.allclose(layer.columns(x, 2, 3), layer(x)[:, 2:5]))
+      True
+    """
+    x, kernel, bias, recipe, key = self._prepare(x, key)
+    if not recipe.is_high_precision:
+      raise ValueError(f"QDense at {self.path!r}: columns() needs a high-precision recipe, the "
+                       f"layer runs {recipe}; a slice of a block-scaled kernel is quantized with "
+                       "other scales than the whole kernel.")
+    kernel = jax.lax.dynamic_slice_in_dim(kernel, start, size, axis=1)
+    dn = (((x.ndim - 1,), (0,)), ((), ()))
+    y = quant.dot_general(x, kernel, dn, recipe, key=key)
+    return y if bias is None else y + jax.lax.dynamic_slice_in_dim(bias, start, size)
+
 
 class QEinsum(_Quantized):
   """A two-operand einsum through a recipe.

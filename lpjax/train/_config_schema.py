@@ -107,6 +107,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
     c.model.max_seq_len = 0  # RoPE table length; 0: seq_len
     c.model.scan_layers = True  # scan one block over the layers (fast compiles); off: unrolled
     c.model.remat = False  # recompute each block's activations in the backward pass
+    c.model.vocab_chunks = 0  # LM head + loss over this many vocabulary slices (0/1: all at once)
   if task == "classification":
     c.model.num_classes = 0  # 0: the dataset's number of classes
     c.model.stem = ""  # "imagenet" (7x7/2 + max-pool) | "small" (3x3/1); "": by image size

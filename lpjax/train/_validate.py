@@ -275,6 +275,14 @@ def _validate_lm(config, problems) -> int:
                       f"{size.layers} blocks.")
   if config.seq_len <= 0:
     problems.append(f"seq_len must be positive, got {config.seq_len}.")
+  chunks = config.model.vocab_chunks
+  if chunks < 0 or (chunks > 1 and 0 < config.model.vocab_size < chunks):
+    problems.append(f"model.vocab_chunks must be in [0, vocab size], got {chunks} (0 or 1: the "
+                    "whole logits at once).")
+  if chunks > 1 and config.quant.policy == "pure":
+    problems.append("model.vocab_chunks > 1 needs a high-precision LM head, and quant.policy "
+                    "'pure' quantizes it (a slice of a block-scaled head would get other scales); "
+                    "use quant.policy='default' or model.vocab_chunks=0.")
   if config.model.max_seq_len and config.seq_len > config.model.max_seq_len:
     problems.append(f"seq_len {config.seq_len} exceeds model.max_seq_len "
                     f"{config.model.max_seq_len}; lower seq_len or raise model.max_seq_len.")

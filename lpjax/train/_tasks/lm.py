@@ -32,6 +32,51 @@ def cross_entropy(logits, targets):
   return jnp.mean(loss), loss.size
 
 
+def chunked_cross_entropy(features, head, vocab: int, targets, chunks: int):
+  """(mean token loss, token count) of float32 softmax cross-entropy over the logits
+  `head(features, start, size)` computed `chunks` vocabulary slices at a time: an online
+  log-sum-exp over the slices, each recomputed in the backward pass (`jax.checkpoint`), so
+  neither the forward nor the backward holds more than one slice of logits (`cross_entropy` of
+  the whole logits holds them and their gradient, a (tokens, vocab) float32 array each). Equal to
+  `cross_entropy` up to float32 rounding (the sums run in another order).
+
+  Examples:
+    >>> w = jax.random.normal(jax.random.key(0), (16, 50))
+    >>> h = jax.random.normal(jax.random.key(1), (2, 3, 16))
+    >>> t = jnp.array([[0, 7, 49], [12, 25, 33]])
+    >>> head = lambda x, start, size: x @ jax.lax.dynamic_slice_in_dim(w, start, size, axis=1)
+    >>> whole = cross_entropy(h @ w, t)[0]
+    >>> bool(jnp.allclose(chunked_cross_entropy(h, head, 50, t, 4)[0], whole, rtol=1e-6))
+    True
+  """
+  if not 1 <= chunks <= vocab:
+    raise ValueError(f"chunks must be in [1, vocab={vocab}], got {chunks}.")
+  size = -(-vocab // chunks)  # the last slice overlaps the one before when chunks does not divide
+
+  @jax.checkpoint  # keep only (carry, chunk index): the backward recomputes the slice's logits
+  def body(carry, c):
+    top, sum_exp, target_logit = carry
+    start = jnp.minimum(c * size, vocab - size)
+    logits = head(features, start, size)
+    column = start + jnp.arange(size)
+    fresh = column >= c * size  # columns an earlier slice has not counted
+    logits = jnp.where(fresh, logits, -jnp.inf)
+    # a running maximum keeps exp() in range; it is a constant to the gradient (log-sum-exp is
+    # the same function of the logits for any constant shift)
+    new_top = jax.lax.stop_gradient(jnp.maximum(top, jnp.max(logits, axis=-1)))
+    sum_exp = sum_exp * jnp.exp(top - new_top) + jnp.sum(jnp.exp(logits - new_top[..., None]),
+                                                         axis=-1)
+    hit = fresh & (column == targets[..., None])
+    target_logit = target_logit + jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+    return (new_top, sum_exp, target_logit), None
+
+  init = (jnp.full(targets.shape, -jnp.inf, jnp.float32), jnp.zeros(targets.shape, jnp.float32),
+          jnp.zeros(targets.shape, jnp.float32))
+  (top, sum_exp, target_logit), _ = jax.lax.scan(body, init, jnp.arange(chunks))
+  loss = top + jnp.log(sum_exp) - target_logit
+  return jnp.mean(loss), loss.size
+
+
 class LanguageModelTask(Task):
   name = "lm"
   partition_rules = llama.PARTITION_RULES
@@ -60,8 +105,15 @@ class LanguageModelTask(Task):
     return llama.stacked_layers(self.model_config, params, self.policy)
 
   def loss(self, params, model_state, batch, key, policy):
-    logits = self._apply(params, batch["inputs"], policy, key)
-    loss, _ = cross_entropy(logits, batch["targets"])
+    chunks = self.config.model.vocab_chunks
+    if chunks > 1:
+      features, head = llama.apply_features(self.graphdef, self.model_config, params,
+                                            batch["inputs"], policy, key)
+      loss, _ = chunked_cross_entropy(features, head, self.model_config.vocab_size,
+                                      batch["targets"], chunks)
+    else:
+      logits = self._apply(params, batch["inputs"], policy, key)
+      loss, _ = cross_entropy(logits, batch["targets"])
     return loss, (model_state, {})
 
   def batches(self, start_step, num_steps, process_index, process_count):
