@@ -4,10 +4,11 @@
     python benchmarks/llama_memory.py --config=configs/llama_1b_mxfp4.py --devices=8 --remat=off
 
 Compiles the config's train step and, as the baseline, the same model and mesh with FP32 Adam,
-no quantization (recipe fp32) and float32 optimizer state, and reports XLA's memory analysis per
-device: arguments + temporaries + outputs - aliased (donated) buffers. The last output line is a
-JSON object with `per_device_bytes` and `baseline_per_device_bytes`. On CPU the numbers are XLA:CPU's
-buffer assignment for the same program; a GPU backend schedules differently, so treat them as an
+no quantization (recipe fp32), float32 parameters, optimizer state and gradient accumulators,
+and the whole logits at once, and reports XLA's memory analysis per device: arguments +
+temporaries + outputs - aliased (donated) buffers. The last output line is a JSON object with
+`per_device_bytes` and `baseline_per_device_bytes`. On CPU the numbers are XLA:CPU's buffer
+assignment for the same program; a GPU backend schedules differently, so treat them as an
 estimate of the GPU footprint, not a measurement of it. `--remat` forces block rematerialization
 on or off in both programs. The steps are traced with the activation sharding hints, as the
 trainer's are. Results and the breakdown: docs/results.md, "Memory".
@@ -76,6 +77,8 @@ def baseline_of(config):
     base.optimizer.state_dtype = "float32"
     base.model.compute_dtype = "float32"
     base.model.param_dtype = "float32"
+    base.model.vocab_chunks = 0
+    base.grad_accum_dtype = "float32"
     base.quant.gather_quantized_weights = False
   return base
 

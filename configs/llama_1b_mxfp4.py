@@ -8,9 +8,12 @@ Needs c4/en prepared as array_record (`tfds build c4/en --file_format=array_reco
 default tfrecord format with TensorFlow installed (`pip install -e '.[tf]'`; read through tf.data),
 and T5's SentencePiece model (vocab 32000); see docs/numerics.md §10 for the paper settings.
 
-Per-device memory, XLA's estimate (benchmarks/llama_memory.py, docs/results.md "Memory"): 3.9 GiB
-with remat; with --config.model.remat=False about 7.5 GiB (FP4-packed GEMM residuals), which
-also fits a 40 GB A100 and skips the recomputation.
+Per-device memory, XLA's estimate (benchmarks/llama_memory.py --licm=off, docs/results.md
+"Memory"): 2.57 GiB with remat, 0.608x of the same run with FP32 Adam and no quantization; with
+--config.model.remat=False 6.4 GiB (FP4-packed GEMM residuals; 0.498x), which also fits a 40 GB
+A100 and skips the recomputation. The bf16 master weights and bf16 gradient accumulators below are memory
+options; their quality on the tiny model is in docs/results.md. --config.model.vocab_chunks=8
+saves 0.01 GiB more, but gathers the LM head inside the microbatch loop.
 """
 
 from lpjax.train.config import base_config
@@ -22,8 +25,9 @@ def get_config():
   c = base_config("lm", optimizer="stable_spam")
 
   c.model.size = "1b"
-  c.model.compute_dtype = "bfloat16"  # activations; weights in float32
+  c.model.compute_dtype = "bfloat16"  # activations
   c.model.remat = True  # recompute each block in the backward pass (memory)
+  c.model.param_dtype = "bfloat16"  # master weights in bf16, updated with stochastic rounding
 
   c.data.source = "tfds"
   c.data.tfds_name = "c4/en"
@@ -33,6 +37,7 @@ def get_config():
   c.batch_size = 512  # sequences
   c.seq_len = 256  # tokens per sequence
   c.grad_accum_steps = 8  # 8 microbatches of 64 sequences: 8 per GPU at a time
+  c.grad_accum_dtype = "bfloat16"  # their gradients summed in bf16 (stochastic rounding)
 
   c.optimizer.lr = 2e-4  # peak learning rate
   c.optimizer.warmup_steps = 2000  # linear warm-up from 0
