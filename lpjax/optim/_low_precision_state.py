@@ -64,7 +64,8 @@ def random_bits(key: jax.Array, shape) -> jax.Array:
     >>> bool((a == random_bits(jax.random.key(1), (2, 3))).any())
     False
   """
-  data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+  typed = jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key)
+  data = jax.random.key_data(key) if typed else key
   words = jnp.asarray(data, jnp.uint32).reshape(-1)
   k0, k1 = words[0], words[-1]
   for w in words[1:-1]:  # keys of more than two words (rbg) fold the middle ones in
