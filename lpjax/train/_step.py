@@ -84,10 +84,10 @@ def accumulate(total, grads, key):
   leaves, treedef = jax.tree.flatten(total)
   out = []
   for i, (t, g) in enumerate(zip(leaves, treedef.flatten_up_to(grads))):
-    s = t.astype(jnp.float32) + g.astype(jnp.float32)
     if t.dtype == jnp.bfloat16:
-      s = round_with_noise(s, quant.random_bits(jax.random.fold_in(key, i), s.shape) >> 16)
-    out.append(s.astype(t.dtype))
+      out.append(_bf16_sum(t, g, jax.random.fold_in(key, i)))
+    else:
+      out.append((t.astype(jnp.float32) + g.astype(jnp.float32)).astype(t.dtype))
   return treedef.unflatten(out)
 
 
@@ -115,15 +115,19 @@ def apply_updates(params, updates, key, rounding: str = "stochastic"):
     if p is None or u is None or p.dtype != jnp.bfloat16:
       out.append(optax.apply_updates(p, u) if p is not None and u is not None else p)
       continue
-    total = p.astype(jnp.float32) + u.astype(jnp.float32)
     if rounding == "stochastic":
-      # lpjax.quant's counter hash: elementwise, so XLA fuses the bits into the update instead
-      # of materializing a uint32 array the size of every parameter (as threefry's bits were)
-      noise = quant.random_bits(jax.random.fold_in(key, i), total.shape) >> 16
-      out.append(round_with_noise(total, noise))
+      out.append(_bf16_sum(p, u, jax.random.fold_in(key, i)))
     else:
-      out.append(total.astype(jnp.bfloat16))
+      out.append((p.astype(jnp.float32) + u.astype(jnp.float32)).astype(jnp.bfloat16))
   return treedef.unflatten(out)
+
+
+def _bf16_sum(a, b, key):
+  """a + b in float32, rounded to bfloat16 stochastically. The bits are lpjax.quant's counter
+  hash: elementwise, so XLA fuses them into the add instead of materializing a uint32 array the
+  size of every tensor (as threefry's bits were)."""
+  total = a.astype(jnp.float32) + b.astype(jnp.float32)
+  return round_with_noise(total, quant.random_bits(key, total.shape) >> 16)
 
 
 def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_at_step: int = -1,
