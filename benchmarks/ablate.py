@@ -22,6 +22,13 @@ results instead of training again (the reference row trains once per seed). A ru
 (e.g. TrainingError after too many non-finite steps) is recorded in failed.json and the sweep goes
 on; --retry-failed runs those again.
 
+Every run records the machine it ran on (benchmarks/run_machine.py: CPU model, cores, GPUs, jax
+versions, XLA flags): the same config and seed train to different losses on two machines, so runs
+are reused only from the same machine, and the report leaves out (and names) a run whose machine is
+not that of the reference row's run of the same seed. A sweep resumed on another machine keeps its
+finished runs; --rerun-other-machines trains them again here (the old ones are kept beside, as
+<workdir>.other-machine).
+
 Writes DIR/<sweep>.md (table: row, recipe, optimizer, lr, final eval loss mean ± std, eval loss
 with quantization off, % vs FP32 Adam, wall time, seeds; the train.py command of every row),
 DIR/<sweep>.json (every number), DIR/<sweep>_curves.png, DIR/<sweep>_final.png, and for the
@@ -47,7 +54,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ablate_report as report  # noqa: E402
+import ablate_runs as run_records  # noqa: E402
+from ablate_runs import same_run  # noqa: E402,F401  (public: tests, scripts)
 import ablate_sweeps as sweeps  # noqa: E402
+import run_machine  # noqa: E402
 from ablate_sweeps import REFERENCE, SWEEPS, Row  # noqa: E402
 
 # Wall time of one 300-step LLaMA-tiny run (compile included) on the 2-core CPU machine this was
@@ -82,6 +92,9 @@ def parse_args(argv=None):
   p.add_argument("--list", action="store_true", help="list the sweeps and their rows")
   p.add_argument("--dry-run", action="store_true", help="print every run's config and the estimate")
   p.add_argument("--retry-failed", action="store_true", help="run again the runs in failed.json")
+  p.add_argument("--rerun-other-machines", action="store_true",
+                 help="train again (here) the finished runs recorded on another machine; the old "
+                      "ones are kept as <workdir>.other-machine")
   p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints")
   args = p.parse_args(argv)
   if not args.list:
@@ -122,56 +135,6 @@ def run_key(config) -> str:
   return json.dumps(values, sort_keys=True, default=str)
 
 
-def _is_done(workdir: str, retry_failed: bool) -> bool:
-  if os.path.exists(os.path.join(workdir, "results.json")):
-    return True
-  return not retry_failed and os.path.exists(os.path.join(workdir, "failed.json"))
-
-
-def _finished_index(out: str, retry_failed: bool) -> dict:
-  """run key -> workdir of every finished run under DIR/runs."""
-  index, root = {}, os.path.join(out, "runs")
-  if not os.path.isdir(root):
-    return index
-  for dirpath, _, files in os.walk(root):
-    if "run.json" in files and _is_done(dirpath, retry_failed):
-      with open(os.path.join(dirpath, "run.json")) as f:
-        index.setdefault(json.load(f)["key"], dirpath)
-  return index
-
-
-def _write_run_json(task: Task, key: str, extra=None):
-  os.makedirs(task.workdir, exist_ok=True)
-  with open(os.path.join(task.workdir, "run.json"), "w") as f:
-    json.dump({"sweep": task.sweep, "row": task.row.label, "recipe": task.row.recipe,
-               "optimizer": task.row.optimizer, "seed": task.seed, "key": key, **(extra or {})}, f,
-              indent=1)
-
-
-def same_run(recorded: str, key: str) -> bool:
-  """Whether a run recorded under key `recorded` is the run `key` asks for: equal keys, or keys
-  that differ only in config fields added to lpjax after the run, each at its default (the
-  behaviour the run had before the field existed).
-
-  Examples:
-    >>> same_run('{"a": 1}', '{"a": 1, "grad_accum_dtype": "float32"}')
-    True
-    >>> same_run('{"a": 1}', '{"a": 1, "grad_accum_dtype": "bfloat16"}')
-    False
-    >>> same_run('{"a": 1}', '{"a": 2}')
-    False
-  """
-  if recorded == key:
-    return True
-  from lpjax.train import config as cfg_lib
-  old, new = json.loads(recorded), json.loads(key)
-  if any(k not in new or new[k] != v for k, v in old.items()):
-    return False
-  defaults = sweeps.flat(cfg_lib.base_config(new.get("task", "lm")))
-  return all(k in defaults and json.dumps(defaults[k], default=str) == json.dumps(new[k])
-             for k in new.keys() - old.keys())
-
-
 def _check_same_config(task: Task, key: str):
   path = os.path.join(task.workdir, "run.json")
   if os.path.exists(path):
@@ -186,7 +149,8 @@ def _reuse(task: Task, source: str, key: str):
   for name in ("results.json", "failed.json", "metrics.jsonl"):
     if os.path.exists(os.path.join(source, name)):
       shutil.copy(os.path.join(source, name), os.path.join(task.workdir, name))
-  _write_run_json(task, key, {"reused_from": os.path.relpath(source, task.workdir)})
+  run_records.write_run_json(task, key, {"reused_from": os.path.relpath(source, task.workdir),
+                                         "machine": run_records.recorded(source).get("machine")})
 
 
 def run_task(task: Task, args) -> dict:
@@ -201,7 +165,7 @@ def run_task(task: Task, args) -> dict:
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   config = config_of(task, args)
-  _write_run_json(task, run_key(config))
+  run_records.write_run_json(task, run_key(config))
   failed = os.path.join(task.workdir, "failed.json")
   if os.path.exists(failed):
     os.remove(failed)
@@ -255,13 +219,24 @@ def plan(args):
     for name in names:
       for row in sweep_rows(name, args.rows):
         tasks.append(Task(name, row, seed, os.path.join(args.out, "runs", name, row.label, f"seed{seed}")))
-  index = _finished_index(args.out, args.retry_failed)
-  to_run, to_copy, planned = [], [], {}
+  index = run_records.finished_index(args.out, args.retry_failed)
+  to_run, to_copy, planned, here = [], [], {}, run_machine.fingerprint()
   for task in tasks:
     key = run_key(config_of(task, args))
-    if _is_done(task.workdir, args.retry_failed):
+    if run_records.is_done(task.workdir, args.retry_failed):
       _check_same_config(task, key)
-      continue
+      machine = run_records.recorded(task.workdir).get("machine")
+      if not run_machine.same_machine(machine, here):
+        if not args.rerun_other_machines:
+          print(f"note: {task.workdir} ran on another machine ({run_machine.describe(machine)}); "
+                "the report compares it only with a reference run from that machine "
+                "(--rerun-other-machines trains it again here).")
+          continue
+        moved = "(dry run: not moved)" if args.dry_run else \
+            f"moved to {run_records.set_aside(task.workdir)}"
+        print(f"{task.workdir} ran on another machine: trained again, the old run {moved}")
+      else:
+        continue
     if key in index:
       to_copy.append((task, index[key], key))
     elif key in planned:  # the same config earlier in this plan: copy after it has run
@@ -305,7 +280,7 @@ def execute(args, to_run, to_copy):
   def copy_ready():
     for item in list(pending_copies):
       task, source, key = item
-      if _is_done(source, args.retry_failed):
+      if run_records.is_done(source, args.retry_failed):
         _reuse(task, source, key)
         pending_copies.remove(item)
 

@@ -1,5 +1,9 @@
 """Results of benchmarks/ablate.py: per-row statistics, the markdown table, plots, quality goals.
 
+A run recorded on another machine than the reference row's run of the same seed (run.json's
+"machine", `run_machine.py`) is "other machine": left out of the statistics and named under the
+table, since two machines train the same config to different losses.
+
 Statistics over seeds: mean and sample standard deviation (ddof=1; undefined for one seed) of the
 final eval loss, over the runs that finished with a finite loss. A run that failed (TrainingError
 or any exception) or ended with a non-finite loss is "diverged": it is counted in the seeds column
@@ -14,16 +18,24 @@ import os
 
 import numpy as np
 
+import run_machine
+
 NAN = float("nan")
 
 
 # --- runs -------------------------------------------------------------------------------------
 
 def load_run(run_dir: str) -> dict:
-  """{"status": ok | diverged | failed | missing, "results", "error", "curve": {step: loss}}."""
+  """{"status": ok | diverged | failed | missing, "results", "error", "curve": {step: loss},
+  "machine": the fingerprint in run.json, or None}."""
   results_path = os.path.join(run_dir, "results.json")
   failed_path = os.path.join(run_dir, "failed.json")
-  run = {"dir": run_dir, "status": "missing", "results": {}, "error": "", "curve": {}}
+  run = {"dir": run_dir, "status": "missing", "results": {}, "error": "", "curve": {},
+         "machine": None}
+  run_json = os.path.join(run_dir, "run.json")
+  if os.path.exists(run_json):
+    with open(run_json) as f:
+      run["machine"] = json.load(f).get("machine")
   if os.path.exists(results_path):
     with open(results_path) as f:
       run["results"] = json.load(f)
@@ -62,7 +74,7 @@ def row_stats(runs: list[dict]) -> dict:
   fp_mean, fp_std = _mean_std(get("final_eval_loss_fp"))
   train_mean, _ = _mean_std(get("final_train_loss"))
   wall_mean, _ = _mean_std(get("wall_time_s"))
-  done = [r for r in runs if r["status"] != "missing"]
+  done = [r for r in runs if r["status"] not in ("missing", "other machine")]
   return {"n": len(runs), "n_done": len(done), "n_ok": len(ok), "n_diverged": len(done) - len(ok),
           "mean": mean, "std": std, "fp_mean": fp_mean, "fp_std": fp_std, "train_mean": train_mean,
           "wall_mean": wall_mean, "errors": [r["error"] for r in runs if r["error"]]}
@@ -79,14 +91,36 @@ def mean_curve(runs: list[dict]) -> dict:
   return {"steps": steps, "mean": values.mean(axis=0).tolist(), "std": std.tolist()}
 
 
+def _leave_out_other_machines(rows: list[dict], reference: str) -> list[str]:
+  """Marks (status "other machine") each finished run whose machine is not that of the reference
+  row's run of the same seed; returns a line per such run."""
+  ref = next((r for r in rows if r["label"] == reference), None)
+  if ref is None:
+    return []
+  ref_machine = {r.get("seed"): r.get("machine") for r in ref["runs"] if r["status"] != "missing"}
+  notes = []
+  for row in rows:
+    for run in row["runs"]:
+      seed = run.get("seed")
+      if (row is ref or run["status"] == "missing" or seed not in ref_machine
+          or run_machine.same_machine(run.get("machine"), ref_machine[seed])):
+        continue
+      run["status"] = "other machine"
+      notes.append(f"{row['label']} seed {seed}: ran on {run_machine.describe(run.get('machine'))}, "
+                   f"the reference on {run_machine.describe(ref_machine[seed])}")
+  return notes
+
+
 def summarize(sweep: str, rows: list[dict], reference: str, meta: dict) -> dict:
   """rows: [{"label", "recipe", "optimizer", "lr", "overrides", "command", "runs"}] -> summary."""
   out_rows = []
+  other_machines = _leave_out_other_machines(rows, reference)
   for row in rows:
     stats = row_stats(row["runs"])
     out_rows.append({**{k: v for k, v in row.items() if k != "runs"}, **stats,
                      "curve": mean_curve(row["runs"]),
                      "runs": [{"seed": r.get("seed"), "status": r["status"], "error": r["error"],
+                               "machine": r.get("machine"),
                                **{k: r["results"].get(k) for k in
                                   ("final_eval_loss", "final_eval_loss_fp", "final_train_loss",
                                    "wall_time_s", "skipped_steps", "steps")}}
@@ -95,7 +129,8 @@ def summarize(sweep: str, rows: list[dict], reference: str, meta: dict) -> dict:
   ref_mean = ref["mean"] if ref else NAN
   for r in out_rows:
     r["ratio_pct"] = (r["mean"] / ref_mean - 1.0) * 100.0 if ref_mean > 0 else NAN
-  return {"sweep": sweep, "reference": reference, **meta, "rows": out_rows}
+  return {"sweep": sweep, "reference": reference, **meta, "rows": out_rows,
+          "other_machines": other_machines}
 
 
 # --- markdown ---------------------------------------------------------------------------------
@@ -134,6 +169,10 @@ def markdown(summary: dict) -> str:
     lines.append(f"| {r['label']} | {_recipe_cell(r)} | {r['optimizer']} | {r['lr']:g} | "
                  f"{_pm(r['mean'], r['std'])} | {_pm(r['fp_mean'], r['fp_std'])} | {ratio} | {wall} | "
                  f"{_seeds(r)} |")
+  if s.get("other_machines"):
+    lines += ["", "Left out, trained on another machine than the reference run of their seed "
+              "(`ablate.py --rerun-other-machines` trains them again here):", ""]
+    lines += [f"- {note}" for note in s["other_machines"]]
   errors = [(r["label"], e) for r in s["rows"] for e in r["errors"]]
   if errors:
     lines += ["", "Failed runs:", ""] + [f"- {label}: {e}" for label, e in errors]

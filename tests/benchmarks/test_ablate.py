@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 import ablate  # noqa: E402
 import ablate_report as report  # noqa: E402
 import ablate_sweeps as sweeps  # noqa: E402
+import run_machine  # noqa: E402
 
 from lpjax.train import config as cfg_lib  # noqa: E402
 
@@ -231,3 +232,70 @@ def test_a_run_recorded_before_a_config_field_existed_still_counts(tmp_path):
   assert not ablate.same_run(recorded, ablate.run_key(config))
   config.grad_accum_dtype, config.optimizer.lr = "float32", 0.5
   assert not ablate.same_run(recorded, ablate.run_key(config))
+
+
+def _record_machine(path, machine, key="{}"):
+  json.dump({"key": key, "machine": machine}, open(os.path.join(path, "run.json"), "w"))
+
+
+def test_runs_from_another_machine_are_left_out_and_named(tmp_path):
+  """A row's run whose machine differs from the reference run of the same seed is not compared
+  (the same config trains to another loss on another machine); runs without a record count."""
+  here = run_machine.fingerprint()
+  other = {**here, "cpu": "Other CPU 9000", "cores": 64}
+  rows = _rows(tmp_path, {"fp32_adam": [dict(loss=2.0), dict(loss=2.2)],
+                          "a": [dict(loss=2.1), dict(loss=9.9)],
+                          "b": [dict(loss=2.4), dict(loss=2.6)]})
+  for label, machines in {"fp32_adam": [here, here], "a": [here, other], "b": [None, here]}.items():
+    for seed, machine in enumerate(machines):
+      if machine is not None:
+        _record_machine(str(tmp_path / label / f"seed{seed}"), machine)
+  rows = [{**r, "runs": [{**report.load_run(str(tmp_path / r["label"] / f"seed{k}")), "seed": k}
+                         for k in range(2)]} for r in rows]
+  s = report.summarize("demo", rows, "fp32_adam", {"seeds": [0, 1]})
+  ref, a, b = s["rows"]
+  assert a["mean"] == pytest.approx(2.1) and (a["n_done"], a["n_ok"], a["n_diverged"]) == (1, 1, 0)
+  assert a["runs"][1]["status"] == "other machine" and a["runs"][1]["machine"]["cores"] == 64
+  assert b["mean"] == pytest.approx(2.5) and b["n_ok"] == 2  # no record: nothing to compare
+  assert len(s["other_machines"]) == 1 and "a seed 1: ran on Other CPU 9000, 64 cores" in \
+      s["other_machines"][0]
+  md = report.markdown(s)
+  assert "another machine" in md and "- a seed 1: ran on Other CPU 9000" in md
+
+
+def test_fingerprints_compare_everything_but_the_virtual_device_count(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  eight = run_machine.fingerprint()
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+  assert run_machine.same_machine(eight, run_machine.fingerprint())
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_thunk_runtime=false")
+  assert not run_machine.same_machine(eight, run_machine.fingerprint())
+  assert not run_machine.same_machine(eight, {**eight, "jaxlib": "0.0.1"})
+  assert not run_machine.same_machine(eight, {**eight, "gpus": ["NVIDIA H200"]})
+
+
+def test_a_sweep_resumed_on_another_machine_keeps_or_reruns_its_runs(tmp_path, capsys):
+  """Finished runs of another machine are kept (and noted) by default; --rerun-other-machines
+  plans them again and moves the old run aside (not in a dry run)."""
+  out = str(tmp_path)
+  args = ["format", "--out", out, "--rows", "mxfp4_naive"] + MICRO
+  parsed = ablate.parse_args(args)
+  other = {**run_machine.fingerprint(), "cpu": "Other CPU 9000"}
+  for label in ("fp32_adam", "mxfp4_naive"):
+    task = next(t for t in ablate.plan(parsed)[1] if t.row.label == label)
+    _fake_run(task.workdir, loss=2.0)
+    _record_machine(task.workdir, other, ablate.run_key(ablate.config_of(task, parsed)))
+  capsys.readouterr()
+  assert ablate.main(args + ["--dry-run"]) == 0
+  log = capsys.readouterr().out
+  assert "0 to train" in log and log.count("ran on another machine (Other CPU 9000") == 2
+  assert ablate.main(args + ["--dry-run", "--rerun-other-machines"]) == 0
+  log = capsys.readouterr().out
+  assert "2 runs: 2 to train" in log and "(dry run: not moved)" in log
+  assert not any(name.endswith(".other-machine")
+                 for name in os.listdir(os.path.join(out, "runs", "format", "fp32_adam")))
+  _, _, to_run, _ = ablate.plan(ablate.parse_args(args + ["--rerun-other-machines"]))
+  assert len(to_run) == 2
+  moved = os.path.join(out, "runs", "format", "fp32_adam", "seed0.other-machine")
+  assert json.load(open(os.path.join(moved, "run.json")))["machine"]["cpu"] == "Other CPU 9000"
+  assert not os.path.exists(os.path.join(out, "runs", "format", "fp32_adam", "seed0"))
