@@ -20,7 +20,8 @@ results.json (or failed.json) exists is skipped, so an interrupted sweep resumes
 same command; a run whose config equals one already finished in another sweep copies that run's
 results instead of training again (the reference row trains once per seed). A run that raises
 (e.g. TrainingError after too many non-finite steps) is recorded in failed.json and the sweep goes
-on; --retry-failed runs those again.
+on; --retry-failed runs those again. --report-only writes the tables and plots of the runs
+finished so far (missing runs count as not run), e.g. while a sweep is still training.
 
 Every run records the machine it ran on (benchmarks/run_machine.py: CPU model, cores, GPUs, jax
 versions, XLA flags): the same config and seed train to different losses on two machines, so runs
@@ -96,6 +97,8 @@ def parse_args(argv=None):
                  help="train again (here) the finished runs recorded on another machine; the old "
                       "ones are kept as <workdir>.other-machine")
   p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's checkpoints")
+  p.add_argument("--report-only", action="store_true",
+                 help="write the tables and plots from the runs finished so far; train nothing")
   args = p.parse_args(argv)
   if not args.list:
     if args.sweep not in tuple(SWEEPS) + ("all",):
@@ -359,6 +362,9 @@ def main(argv=None):
         extra = f" lr x{row.lr_scale:g}" if row.lr_scale != 1 else ""
         extra += "".join(f" {k}={v}" for k, v in row.overrides)
         print(f"  {row.label:<24} {row.recipe} + {row.optimizer}{extra}")
+    return 0
+  if args.report_only:
+    write_all(args, [args.sweep] if args.sweep != "all" else list(SWEEPS))
     return 0
   names, tasks, to_run, to_copy = plan(args)
   print_plan(args, names, tasks, to_run, to_copy, verbose=args.dry_run)

@@ -299,3 +299,16 @@ def test_a_sweep_resumed_on_another_machine_keeps_or_reruns_its_runs(tmp_path, c
   moved = os.path.join(out, "runs", "format", "fp32_adam", "seed0.other-machine")
   assert json.load(open(os.path.join(moved, "run.json")))["machine"]["cpu"] == "Other CPU 9000"
   assert not os.path.exists(os.path.join(out, "runs", "format", "fp32_adam", "seed0"))
+
+
+def test_report_only_writes_the_finished_runs_and_trains_nothing(tmp_path, capsys):
+  out = str(tmp_path)
+  args = ["format", "--out", out, "--rows", "mxfp4_naive", "--seeds", "2"] + MICRO[2:]
+  _fake_run(os.path.join(out, "runs", "format", "fp32_adam", "seed0"), loss=2.0)
+  _fake_run(os.path.join(out, "runs", "format", "mxfp4_naive", "seed0"), loss=2.2)
+  assert ablate.main(args + ["--report-only"]) == 0
+  md = open(os.path.join(out, "format.md")).read()
+  assert "| mxfp4_naive | `mxfp4_naive` | adam | 0.003 | 2.2000 |" in md and "| 1/2 |" in md
+  assert "+10.00%" in md
+  for label in ("fp32_adam", "mxfp4_naive"):  # seed 1 was not trained
+    assert not os.path.exists(os.path.join(out, "runs", "format", label, "seed1"))
