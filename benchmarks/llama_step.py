@@ -42,18 +42,14 @@ def compile_train_step(config, vocab: int, devices):
   from lpjax.train._precision import build_policy
   from lpjax.train._optimizers import make_optimizer
   from lpjax.train._step import init_state, make_train_step
-  from lpjax.train._tasks.lm import chunked_cross_entropy, cross_entropy
+  from lpjax.train._tasks.lm import llama_config_of, lm_loss
 
   with config.unlocked():
     config.data.tokenizer = "byte"  # the benchmark needs no tokenizer file
     config.model.vocab_size = vocab
   config = cfg_lib.validate(config, len(devices))
   mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
-  m = config.model
-  model_cfg = llama.LlamaConfig.from_size(
-      m.size, vocab_size=m.vocab_size or vocab, max_seq_len=m.max_seq_len or config.seq_len,
-      remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
-      param_dtype=m.param_dtype)
+  model_cfg = llama_config_of(config, vocab)
   policy = build_policy(config)  # config.quant.*: the run's recipes, kept layers, residuals
   graphdef, _ = llama.abstract_model(model_cfg, policy)
   tx = make_optimizer(config, stacked_layers=functools.partial(
@@ -71,16 +67,9 @@ def compile_train_step(config, vocab: int, devices):
                                 sharding=shd.batch_sharding(mesh))
   batch = {"inputs": tokens, "targets": tokens}
 
-  def loss_fn(params, model_state, batch, key, step_policy):
-    chunks = config.model.get("vocab_chunks", 0)
-    if chunks > 1:  # as the trainer's LM task
-      features, head = llama.apply_features(graphdef, model_cfg, params, batch["inputs"],
-                                            step_policy, key)
-      loss = chunked_cross_entropy(features, head, model_cfg.vocab_size, batch["targets"],
-                                   chunks)[0]
-      return loss, (model_state, {})
-    logits = llama.apply(graphdef, model_cfg, params, batch["inputs"], step_policy, key)
-    return cross_entropy(logits, batch["targets"])[0], (model_state, {})
+  def loss_fn(params, model_state, batch, key, step_policy):  # the trainer's LM task's loss
+    loss = lm_loss(graphdef, model_cfg, config.model.vocab_chunks, params, batch, step_policy, key)
+    return loss, (model_state, {})
 
   step = make_train_step(loss_fn, tx, grad_accum_steps=config.grad_accum_steps,
                          param_rounding=config.optimizer.param_rounding,

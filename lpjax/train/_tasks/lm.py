@@ -77,6 +77,30 @@ def chunked_cross_entropy(features, head, vocab: int, targets, chunks: int):
   return jnp.mean(loss), loss.size
 
 
+def llama_config_of(config, vocab_size: int) -> llama.LlamaConfig:
+  """The LlamaConfig of a run's `config.model` (`vocab_size`: the data's, unless the config sets
+  one)."""
+  m = config.model
+  return llama.LlamaConfig.from_size(
+      m.size, vocab_size=m.vocab_size or vocab_size, max_seq_len=m.max_seq_len or config.seq_len,
+      remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
+      param_dtype=m.param_dtype)
+
+
+def lm_loss(graphdef, model_config: llama.LlamaConfig, vocab_chunks: int, params, batch, policy,
+            key):
+  """Mean next-token cross-entropy of a batch {"inputs", "targets"}: over the whole logits, or
+  with `vocab_chunks` > 1 over vocabulary slices (`chunked_cross_entropy`, never the whole
+  logits). The trainer's loss; `benchmarks/llama_step.py` compiles the same one."""
+  if vocab_chunks > 1:
+    features, head = llama.apply_features(graphdef, model_config, params, batch["inputs"], policy,
+                                          key)
+    return chunked_cross_entropy(features, head, model_config.vocab_size, batch["targets"],
+                                 vocab_chunks)[0]
+  logits = llama.apply(graphdef, model_config, params, batch["inputs"], policy, key)
+  return cross_entropy(logits, batch["targets"])[0]
+
+
 class LanguageModelTask(Task):
   name = "lm"
   partition_rules = llama.PARTITION_RULES
@@ -90,11 +114,7 @@ class LanguageModelTask(Task):
                                        tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
                                        cache_dir=d.cache_dir or None, text_key=d.text_key,
                                        tfds_reader=d.tfds_reader, seq_len=config.seq_len)
-    m = config.model
-    self.model_config = llama.LlamaConfig.from_size(
-        m.size, vocab_size=m.vocab_size or self.dataset.vocab_size,
-        max_seq_len=m.max_seq_len or config.seq_len, remat=m.remat, scan_layers=m.scan_layers,
-        compute_dtype=m.compute_dtype, param_dtype=m.param_dtype)
+    self.model_config = llama_config_of(config, self.dataset.vocab_size)
     self.graphdef, _ = llama.abstract_model(self.model_config, self.policy)
     self._apply = functools.partial(llama.apply, self.graphdef, self.model_config)
 
@@ -105,15 +125,8 @@ class LanguageModelTask(Task):
     return llama.stacked_layers(self.model_config, params, self.policy)
 
   def loss(self, params, model_state, batch, key, policy):
-    chunks = self.config.model.vocab_chunks
-    if chunks > 1:
-      features, head = llama.apply_features(self.graphdef, self.model_config, params,
-                                            batch["inputs"], policy, key)
-      loss, _ = chunked_cross_entropy(features, head, self.model_config.vocab_size,
-                                      batch["targets"], chunks)
-    else:
-      logits = self._apply(params, batch["inputs"], policy, key)
-      loss, _ = cross_entropy(logits, batch["targets"])
+    loss = lm_loss(self.graphdef, self.model_config, self.config.model.vocab_chunks, params,
+                   batch, policy, key)
     return loss, (model_state, {})
 
   def batches(self, start_step, num_steps, process_index, process_count):
