@@ -47,7 +47,10 @@ def test_stacked_layers_equal_separate_tensors(flags):
   for a, b in zip(up_stacked, up_split):
     np.testing.assert_allclose(a["head"], b["head"], rtol=1e-6)
     for l in range(LAYERS):
-      np.testing.assert_allclose(a["stack"][l], b[f"layer{l}"], rtol=1e-5, atol=1e-12)
+      # Adam's updates are O(1); the vmapped and the separate programs round differently (XLA
+      # fuses them differently, by a few ulps of 1 on some CPUs), which is large relative to an
+      # update whose moments nearly cancel: hence an absolute bound of about 8 ulps of 1.
+      np.testing.assert_allclose(a["stack"][l], b[f"layer{l}"], rtol=1e-5, atol=1e-6)
   assert st_stacked.max_ema["stack"].shape == (LAYERS,) and st_stacked.max_ema["head"].shape == ()
   for l in range(LAYERS):
     for name in ("max_ema", "norm_ema", "norm_sq_ema"):
