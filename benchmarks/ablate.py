@@ -139,12 +139,10 @@ def run_key(config) -> str:
 
 
 def _check_same_config(task: Task, key: str):
-  path = os.path.join(task.workdir, "run.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      if not same_run(json.load(f)["key"], key):
-        raise SystemExit(f"{task.workdir} was trained with another config (other --steps, --set or "
-                         "sweep definition); use another --out directory, or delete that run.")
+  recorded = run_records.recorded(task.workdir)
+  if recorded and not same_run(recorded["key"], key):
+    raise SystemExit(f"{task.workdir} was trained with another config (other --steps, --set or "
+                     "sweep definition); use another --out directory, or delete that run.")
 
 
 def _reuse(task: Task, source: str, key: str):
@@ -152,8 +150,8 @@ def _reuse(task: Task, source: str, key: str):
   for name in ("results.json", "failed.json", "metrics.jsonl"):
     if os.path.exists(os.path.join(source, name)):
       shutil.copy(os.path.join(source, name), os.path.join(task.workdir, name))
-  run_records.write_run_json(task, key, {"reused_from": os.path.relpath(source, task.workdir),
-                                         "machine": run_records.recorded(source).get("machine")})
+  run_records.write_run_json(task, key, run_records.recorded(source).get("machine"),
+                             {"reused_from": os.path.relpath(source, task.workdir)})
 
 
 def run_task(task: Task, args) -> dict:
@@ -168,7 +166,7 @@ def run_task(task: Task, args) -> dict:
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   config = config_of(task, args)
-  run_records.write_run_json(task, run_key(config))
+  run_records.write_run_json(task, run_key(config), run_machine.fingerprint())
   failed = os.path.join(task.workdir, "failed.json")
   if os.path.exists(failed):
     os.remove(failed)
@@ -222,24 +220,24 @@ def plan(args):
     for name in names:
       for row in sweep_rows(name, args.rows):
         tasks.append(Task(name, row, seed, os.path.join(args.out, "runs", name, row.label, f"seed{seed}")))
-  index = run_records.finished_index(args.out, args.retry_failed)
-  to_run, to_copy, planned, here = [], [], {}, run_machine.fingerprint()
+  here = run_machine.fingerprint()
+  index = run_records.finished_index(args.out, args.retry_failed, here)
+  to_run, to_copy, planned = [], [], {}
   for task in tasks:
     key = run_key(config_of(task, args))
     if run_records.is_done(task.workdir, args.retry_failed):
       _check_same_config(task, key)
       machine = run_records.recorded(task.workdir).get("machine")
-      if not run_machine.same_machine(machine, here):
-        if not args.rerun_other_machines:
-          print(f"note: {task.workdir} ran on another machine ({run_machine.describe(machine)}); "
-                "the report compares it only with a reference run from that machine "
-                "(--rerun-other-machines trains it again here).")
-          continue
-        moved = "(dry run: not moved)" if args.dry_run else \
-            f"moved to {run_records.set_aside(task.workdir)}"
-        print(f"{task.workdir} ran on another machine: trained again, the old run {moved}")
-      else:
+      if run_machine.same_machine(machine, here):
         continue
+      if not args.rerun_other_machines:
+        print(f"note: {task.workdir} ran on another machine ({run_machine.describe(machine)}); "
+              "the report compares it only with a reference run from that machine "
+              "(--rerun-other-machines trains it again here).")
+        continue
+      moved = ("(dry run: not moved)" if args.dry_run
+               else f"moved to {run_records.set_aside(task.workdir)}")
+      print(f"{task.workdir} ran on another machine: trained again, the old run {moved}")
     if key in index:
       to_copy.append((task, index[key], key))
     elif key in planned:  # the same config earlier in this plan: copy after it has run

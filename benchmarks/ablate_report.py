@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+import ablate_runs as run_records
 import run_machine
 
 NAN = float("nan")
@@ -32,10 +33,7 @@ def load_run(run_dir: str) -> dict:
   failed_path = os.path.join(run_dir, "failed.json")
   run = {"dir": run_dir, "status": "missing", "results": {}, "error": "", "curve": {},
          "machine": None}
-  run_json = os.path.join(run_dir, "run.json")
-  if os.path.exists(run_json):
-    with open(run_json) as f:
-      run["machine"] = json.load(f).get("machine")
+  run["machine"] = run_records.recorded(run_dir).get("machine")
   if os.path.exists(results_path):
     with open(results_path) as f:
       run["results"] = json.load(f)

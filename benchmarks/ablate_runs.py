@@ -26,9 +26,9 @@ def recorded(workdir: str) -> dict:
     return json.load(f)
 
 
-def finished_index(out: str, retry_failed: bool) -> dict:
-  """run key -> workdir of every finished run under DIR/runs that ran on this machine."""
-  index, root, here = {}, os.path.join(out, "runs"), run_machine.fingerprint()
+def finished_index(out: str, retry_failed: bool, here: dict) -> dict:
+  """run key -> workdir of every finished run under DIR/runs that ran on machine `here`."""
+  index, root = {}, os.path.join(out, "runs")
   if not os.path.isdir(root):
     return index
   for dirpath, _, files in os.walk(root):
@@ -39,13 +39,13 @@ def finished_index(out: str, retry_failed: bool) -> dict:
   return index
 
 
-def write_run_json(task, key: str, extra=None):
+def write_run_json(task, key: str, machine: dict | None, extra=None):
+  """run.json of a task: its row, seed, config key and the machine it ran on (`machine`)."""
   os.makedirs(task.workdir, exist_ok=True)
-  extra = {"machine": run_machine.fingerprint(), **(extra or {})}
   with open(os.path.join(task.workdir, "run.json"), "w") as f:
     json.dump({"sweep": task.sweep, "row": task.row.label, "recipe": task.row.recipe,
-               "optimizer": task.row.optimizer, "seed": task.seed, "key": key, **extra}, f,
-              indent=1)
+               "optimizer": task.row.optimizer, "seed": task.seed, "key": key,
+               "machine": machine, **(extra or {})}, f, indent=1)
 
 
 def set_aside(workdir: str) -> str:
