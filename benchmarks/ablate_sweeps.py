@@ -45,6 +45,16 @@ def _optimizer_rows(recipes=("fp32", "mxfp4")):
   return rows
 
 
+def _lr_rows(recipes=("fp32", "mxfp4"), scales=(0.5, 1.0, 2.0)):
+  rows = []
+  for recipe in recipes:
+    for opt in ("adam", "stable_spam"):
+      for scale in scales:
+        suffix = "" if scale == 1.0 else f"_lr{scale:g}x"
+        rows.append(Row(f"{recipe}_{opt}{suffix}", recipe, opt, scale))
+  return rows
+
+
 def _named(*rows):
   return [REFERENCE] + [r for r in rows if r.label != REFERENCE.label]
 
@@ -79,6 +89,8 @@ SWEEPS: dict[str, list[Row]] = {
         Row("dgrad", "mxfp4:gemms=dgrad"), Row("wgrad", "mxfp4:gemms=wgrad")),
     # Optimizers at the paper lr and 3x, in FP32 and MXFP4.
     "optimizer": _named(*_optimizer_rows()),
+    # Adam against Stable-SPAM across learning rates (where one beats the other), FP32 and MXFP4.
+    "lr": _named(*_lr_rows()),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
@@ -141,6 +153,8 @@ DESCRIPTIONS = {
                 "MXFP4, then only X (forward and wgrad), only W (forward and dgrad), only dY "
                 "(dgrad and wgrad), and only the forward, dgrad or wgrad GEMM (both operands).",
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
+    "lr": "Adam and Stable-SPAM at 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
+          "Stable-SPAM's lead or lag at one lr is an lr effect.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "

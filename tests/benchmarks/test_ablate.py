@@ -18,7 +18,7 @@ import run_machine  # noqa: E402
 from lpjax.train import config as cfg_lib  # noqa: E402
 
 ISSUE_SWEEPS = ("format", "scale_format", "grad_rounding", "granularity", "gemms", "optimizer",
-                "operands", "schedule", "block_size", "recipes", "memory", "quality")
+                "lr", "operands", "schedule", "block_size", "recipes", "memory", "quality")
 MICRO = ["--seeds", "1", "--steps", "3", "--set", "batch_size=8", "--set", "seq_len=32",
          "--set", "eval_steps=1", "--set", "log_every=1"]
 
