@@ -5,7 +5,7 @@ value per group). Encoding and decoding call the same exact-integer routines as 
 (`fp32_bits.split`, `round_to_grid`, `scales.e8m0_exponent`, ...), so the bits agree by
 construction. Three things differ, because a Triton kernel cannot run them:
 
-- `codec.materialize` (an XLA:CPU fusion workaround that divides by an opaque 1) is left out; it
+- `_materialize.materialize` (an XLA:CPU fusion workaround that divides by an opaque 1) is left out; it
   returns its input unchanged.
 - NVFP4's per-tensor values (S_enc, 1/S_enc: a 26-step restoring division) are computed once on the
   host side (`nvfp4_tensor_constants`) and passed in.

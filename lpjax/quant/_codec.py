@@ -30,36 +30,9 @@ from lpjax.quant import _fast_scales as fast_scales
 from lpjax.quant import _formats as formats
 from lpjax.quant import _fp32_bits as fb
 from lpjax.quant import _scales as sc
+from lpjax.quant._materialize import materialize, opaque_zero as _opaque_zero
 
 U32 = jnp.uint32
-
-
-def materialize(values, opaque_zero):
-  """Returns uint32 per-group `values` unchanged, computed once per group instead of per element.
-
-  XLA fuses cheap elementwise producers into the per-element consumer of a broadcast and recomputes
-  them for every element (an optimization_barrier is gone by fusion time on XLA:CPU). Division is
-  "expensive" to XLA's fusion heuristics and is never duplicated that way, so each value is divided
-  by 1: a divisor derived from `opaque_zero` (0 at run time) so that it cannot be constant-folded.
-  `opaque_zero` is per group too (`_opaque_zero`), never one element of the array: a scalar taken
-  from element [0] of a sharded array made XLA all-gather the whole array to every device.
-  """
-  one = U32(1) - opaque_zero.astype(U32)
-  out = []
-  for v in values:
-    if v.dtype == jnp.float32:
-      out.append(fb.from_bits(fb.to_bits(v) // one))
-    elif v.dtype == jnp.bool_:
-      out.append((v.astype(U32) // one) != 0)
-    else:
-      out.append(v.astype(U32) // one)
-  return tuple(out)
-
-
-def _opaque_zero(group_bits):
-  """0 per group at run time, opaque to XLA: the sign bit of uint32 bits known to be absolute
-  values (amax bits) or bytes (scales); elementwise, so it stays on each device's shard."""
-  return (group_bits.astype(U32) & U32(fb.ABS_MASK)) >> 31
 
 
 @dataclasses.dataclass
@@ -207,6 +180,10 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
     s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
+    if fmt.tensor_scale:  # once per tensor, not in every per-block fusion that reads it
+      (s_enc,) = materialize((s_enc,), _opaque_zero(tensor_amax_bits))
+    if fmt.tensor_scale:  # once per tensor, not fused into every per-block consumer
+      (s_enc,) = materialize((s_enc,), _opaque_zero(tensor_amax_bits))
     if fast_path:
       s_b, s_enc_b, m_bits = fast_scales.block_scales(amax, s_enc, tensor_amax_bits,
                                                       fmt.tensor_scale)

@@ -156,6 +156,33 @@ def test_nvfp4_tiny_tensor_subnormal_outputs():
     assert ((v > 0) & (v < 2.0 ** -126)).any()  # subnormal outputs exist and matched the reference
 
 
+@pytest.mark.parametrize("log2_amax_t", [-95, -100, -101, -110, -114, -115, -116, -117, -120,
+                                         -126, -127, -135, -149])
+def test_nvfp4_block_scales_across_the_tensor_range_boundary(log2_amax_t):
+  """amax_t on both sides of 2**-100 (the float tail's bound), where 1 / S_enc turns subnormal
+  (2688 * 2**-126) and where S_enc saturates at FLT_MAX (below 2688 / FLT_MAX): s_b comes from
+  float32 products for every tensor, t, S_enc_b and the multiplier from the float tail or the exact
+  one; each block spans amax_t down to subnormal elements, with quantized and given amax_t."""
+  amax_t = np.float32(2.0 ** log2_amax_t)
+  rng = np.random.default_rng(-log2_amax_t)
+  rows = []
+  for shrink in (0, 3, 9, 20, 40):  # block amax amax_t * 2**-shrink (subnormal or 0 near the end)
+    row = rng.uniform(-1, 1, 16) * np.float32(amax_t * np.float32(2.0 ** -shrink))
+    row[0] = amax_t * np.float32(2.0 ** -shrink)
+    rows.append(row)
+  x = np.asarray(rows, F32)
+  for rounding in ("nearest_even", "stochastic"):
+    both(x, "nvfp4", rounding=rounding)
+    both(x, "nvfp4", rounding=rounding, tensor_amax=float(amax_t) * 4.0)
+
+
+def test_nvfp4_given_infinite_or_nan_tensor_amax_matches_the_reference():
+  """A tensor_amax of inf (S_enc = 0, so c = 0) or NaN (S_enc = FLT_MAX) takes the exact tail."""
+  x = block(3.0, -1.0, 0.5, 2.0 ** -130, n=16)
+  for amax in (np.inf, np.nan):
+    both(x, "nvfp4", tensor_amax=amax)
+
+
 def test_nvfp4_decode_multiplier_near_flt_max_is_rescaled_on_both_paths():
   """amax_t near FLT_MAX: fl32(s_b * amax_t) would overflow (and 0 * inf give NaN); both paths
   form it at amax_t * 2**-64 (§5), so a zero decodes to +0 and the others stay finite."""

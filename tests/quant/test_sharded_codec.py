@@ -1,6 +1,6 @@
 """The quantizers on sharded arrays: blocks within shards need no communication.
 
-A regression test for the codec's per-group "opaque zero" (`_codec._opaque_zero`): it was once
+A regression test for the codec's per-group "opaque zero" (`_materialize.opaque_zero`): it was once
 element [0] of the flattened amax (or codes), and XLA all-gathered the whole array to every device
 to read it: on the 1B config, activation-sized uint32 gathers (~240 GiB per step per device) in
 every backward quantization along the token axis.
