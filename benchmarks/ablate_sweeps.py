@@ -45,7 +45,7 @@ def _optimizer_rows(recipes=("fp32", "mxfp4")):
   return rows
 
 
-def _lr_rows(recipes=("fp32", "mxfp4"), scales=(0.5, 1.0, 2.0)):
+def _lr_rows(recipes=("fp32", "mxfp4"), scales=(0.25, 0.5, 1.0, 2.0)):
   rows = []
   for recipe in recipes:
     for opt in ("adam", "stable_spam"):
@@ -153,7 +153,7 @@ DESCRIPTIONS = {
                 "MXFP4, then only X (forward and wgrad), only W (forward and dgrad), only dY "
                 "(dgrad and wgrad), and only the forward, dgrad or wgrad GEMM (both operands).",
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
-    "lr": "Adam and Stable-SPAM at 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
+    "lr": "Adam and Stable-SPAM at 0.25x, 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
           "Stable-SPAM's lead or lag at one lr is an lr effect.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
