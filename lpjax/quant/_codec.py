@@ -162,7 +162,11 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
 
   if fmt.scale == "e8m0":
     if fmt.fixed_scale_exponent is None:
-      (k,) = materialize((sc.e8m0_exponent(amax, element, scale_mode),), opaque_zero)
+      if fast_path and scale_mode == "rceil":  # same k from two thresholds (_fast_scales)
+        k = fast_scales.rceil_exponent(amax, element)
+      else:
+        k = sc.e8m0_exponent(amax, element, scale_mode)
+      (k,) = materialize((k,), opaque_zero)
     else:  # a fixed power-of-two scale: the amax only flags NaN / Inf (QuantFormat)
       k = jnp.full(amax.shape, fmt.fixed_scale_exponent, jnp.int32)
     k = k.astype(jnp.int32)
@@ -179,17 +183,14 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   elif fmt.scale == "ue4m3":
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
-    s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
-    if fmt.tensor_scale:  # once per tensor, not in every per-block fusion that reads it
-      (s_enc,) = materialize((s_enc,), _opaque_zero(tensor_amax_bits))
-    if fmt.tensor_scale:  # once per tensor, not fused into every per-block consumer
-      (s_enc,) = materialize((s_enc,), _opaque_zero(tensor_amax_bits))
     if fast_path:
+      s_enc = fast_scales.encode_scale(tensor_amax_bits, fmt.tensor_scale)
       s_b, s_enc_b, m_bits = fast_scales.block_scales(amax, s_enc, tensor_amax_bits,
                                                       fmt.tensor_scale)
       codes, result.values = _fast_elements(x_bits, abs_bits, s_enc_b, m_bits, bad, element,
                                             rounding, random_bits, opaque_zero, want_values)
     else:
+      s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
       s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
       codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
     result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)

@@ -1,16 +1,25 @@
-"""NVFP4's two-level block scales (docs/numerics.md §5) in float32, with the exact bits of `_scales`.
+"""Block scales with the exact bits of `_scales`, at a fraction of its cost: NVFP4's two-level scales
+(docs/numerics.md §5) in float32, and the e8m0 "rceil" exponent (§4) from two thresholds.
+
+NVFP4.
 
 `_scales.nvfp4_block_scales` computes s_b, S_enc_b and the decode multiplier with integer
 emulation of every IEEE operation (~300 integer ops per block), because a tensor of tiny values
 can make the intermediate products subnormal. Here:
 
-- The per-tensor values S_enc, c = fl32(S_enc * fl32(1/6)) and fl32(1 / S_enc) keep the integer
-  routines, computed once per tensor (`_materialize`: not copied into every per-block fusion).
+- The per-tensor values are float32 too, each computed once per tensor (`_materialize`: not copied
+  into every per-block fusion, and opaque to XLA's reassociation of float expressions):
+  S_enc = min(fl32(2688 / amax_t), FLT_MAX) is one IEEE division whenever amax_t is normal (its
+  result is at least 2688 / FLT_MAX, normal, or overflows to inf, clamped); a subnormal amax_t
+  gives inf whether flushed to 0 or not, clamped to FLT_MAX as the exact quotient is. A given
+  tensor_amax of inf or NaN is read as `_scales` reads its bits: a number with exponent 128.
+  c = fl32(S_enc * fl32(1/6)) is a product of normal numbers with a normal result (>= 2**-120).
+  fl32(1 / S_enc) is formed in float32 where it is normal (in the float tail below) and with the
+  integer routine in the exact tail, where it can be subnormal.
 - p = fl32(amax_b * c) and s_b, its e4m3 round-half-even saturated at 448, are float32 for every
-  tensor: `_fast_codec.scaled_magnitude` then `round_magnitude`. c is always normal (S_enc lies in
-  [2688 / FLT_MAX, FLT_MAX] or is 1, or is 0 for a given tensor_amax of inf, where both paths give
-  p = 0), which is all `scaled_magnitude` needs to be exact, subnormal amax_b included; a product
-  below 2**-126 (flushed or not) rounds to s_b = 0 either way.
+  tensor: `_fast_codec.scaled_magnitude` then `round_magnitude`. c is always normal, which is all
+  `scaled_magnitude` needs to be exact, subnormal amax_b included; a product below 2**-126
+  (flushed or not) rounds to s_b = 0 either way.
 - The tail t, S_enc_b and the multiplier is float32 for every tensor whose amax_t is 0 or at least
   2**-100; then each float32 operation below is one correctly rounded IEEE operation on normal
   numbers, i.e. the same value (with s_b_val in [2**-9, 448] or 0):
@@ -22,12 +31,28 @@ can make the intermediate products subnormal. Here:
     (exact: every intermediate is normal), so it never overflows.
   Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) take the integer
   routines for the tail (`lax.cond`, per tensor).
+
+rceil. k = E(fl32(amax * c)) + (1 if that product is not a power of two), c = fl32(1 / max), i.e.
+k = ceil(log2(r)) of the correctly rounded (gradual-underflow) product r, clamped to [-127, 127].
+`_scales.e8m0_exponent` multiplies with integer emulation (~200 operations per block). k is a
+non-decreasing step function of amax, so it is fixed by the bits F_j of the smallest amax with
+k >= j: k >= j exactly when r > 2**(j-1), i.e. when amax * c exceeds 2**(j-1) plus half the float32
+spacing above it (a tie rounds down to the even 2**(j-1)). For j >= -125 that bound is
+2**(j-1) (1 + 2**-24), so the amax bounds double from one j to the next and are normal floats:
+F_(j+1) = F_j + 2**23 on the bits, and k = -125 + ((bits - F_-125) >> 23) for bits >= F_-125.
+Below that only -126 (bits >= F_-126) and -127 remain. F_-126 and F_-125 are computed on the host
+with exact rational arithmetic (`_rceil_bounds`). Inf and NaN amaxes give 127, as the integer
+routine's product does (their blocks are NaN either way).
 """
 
 from __future__ import annotations
 
+import fractions
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lpjax.quant import _fast_codec as fast
 from lpjax.quant import _formats as formats
@@ -62,23 +87,35 @@ def _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale):
   return jnp.where(amax_t_bits == 0, fb.to_bits(s_b_val), fb.to_bits(g))
 
 
-def _per_tensor(values, amax_t_bits):
-  """Per-tensor scalars computed once. XLA would otherwise fuse their integer emulation (hundreds of
-  scalar operations each) into every per-block consumer, and compile it again in each fusion."""
-  return materialize(values, opaque_zero(amax_t_bits))
+def encode_scale(amax_t_bits, use_tensor_scale: bool):
+  """S_enc bits, as `_scales.nvfp4_encode_scale` computes them: min(fl32(2688 / amax_t), FLT_MAX),
+  1 when amax_t == 0, computed once per tensor (module docstring)."""
+  one = U32(sc.f32_const_bits(1.0))
+  if not use_tensor_scale:
+    return one
+  # Bits at or above inf's: the integer routine reads them as the number with exponent 128 (inf
+  # is 2**128), so the quotient is formed at exponent 126 and scaled by 2**-2 (normal, exact).
+  beyond = amax_t_bits >= U32(fb.INF_BITS)
+  divisor = fb.from_bits(jnp.where(beyond, amax_t_bits - U32(2 << 23), amax_t_bits))
+  quotient = jnp.float32(448.0 * 6.0) / divisor
+  s_enc = fb.to_bits(jnp.where(beyond, quotient * jnp.float32(0.25), quotient))
+  s_enc = jnp.where(amax_t_bits == 0, one, jnp.minimum(s_enc, U32(sc.FLT_MAX_BITS)))
+  (s_enc,) = materialize((s_enc,), opaque_zero(amax_t_bits))
+  return s_enc
 
 
-def _float_tail(s_b_val, recip_s_enc, amax_t_bits, use_tensor_scale):
-  t = s_b_val * fb.from_bits(recip_s_enc)
+def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
+  t = s_b_val * (jnp.float32(1.0) / fb.from_bits(s_enc_bits))
   flt_max = fb.from_bits(U32(sc.FLT_MAX_BITS))
   s_enc_b = jnp.where(t == 0, flt_max, jnp.minimum(jnp.float32(1.0) / t, flt_max))
   return fb.to_bits(s_enc_b), _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale)
 
 
-def _exact_tail(s_b, recip_s_enc, amax_t_bits, use_tensor_scale):
+def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   """S_enc_b and the decode multiplier with `_scales`' integer arithmetic (as in
   `_scales.nvfp4_block_scales` from t on, and `_scales.nvfp4_decode_scale`)."""
   negative, sig, exp = sc.decode_sig_exp(s_b, "e4m3")
+  (recip_s_enc,) = materialize((fb.recip(s_enc_bits),), opaque_zero(amax_t_bits))
   t = fb.mul_small(sig, exp, negative, recip_s_enc)
   s_enc_b = jnp.where(t == 0, U32(sc.FLT_MAX_BITS),
                       jnp.minimum(fb.recip_normal(t), U32(sc.FLT_MAX_BITS)))
@@ -88,22 +125,25 @@ def _exact_tail(s_b, recip_s_enc, amax_t_bits, use_tensor_scale):
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
   """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `_scales` computes them.
 
-  p and s_b are float32 for every tensor (c is always normal); t, S_enc_b and the multiplier are
-  float32 when `in_range(amax_t)` and `_scales`' integer arithmetic otherwise (a `lax.cond`).
+  s_enc_bits: from `encode_scale`. p and s_b are float32 for every tensor (c is always normal);
+  t, S_enc_b and the multiplier are float32 when `in_range(amax_t)` and `_scales`' integer
+  arithmetic otherwise (a `lax.cond`).
   """
   if amax_t_bits is None:
     amax_t_bits = U32(0)
-  c, recip_s_enc = _per_tensor(
-      (fb.mul(s_enc_bits, U32(sc.f32_const_bits(1.0 / 6.0))), fb.recip(s_enc_bits)), amax_t_bits)
+  # c = fl32(S_enc * fl32(1/6)): a product of normal numbers with a normal result. S_enc comes out
+  # of `materialize`, so XLA cannot rewrite (2688 / amax_t) * C into one rounding.
+  c = fb.to_bits(fb.from_bits(s_enc_bits) * jnp.float32(1.0 / 6.0))
+  (c,) = materialize((c,), opaque_zero(amax_t_bits))
   p = fast.scaled_magnitude(amax_block_bits, *fast.encode_factors(c))
   s_b, s_b_val = fast.round_magnitude(p, _E4M3, "nearest_even", negative=None)
   if not use_tensor_scale:  # S_enc = 1: always in range
-    return (s_b,) + _float_tail(s_b_val, recip_s_enc, amax_t_bits, False)
+    return (s_b,) + _float_tail(s_b_val, s_enc_bits, amax_t_bits, False)
   s_enc_b, m_bits = jax.lax.cond(
       in_range(amax_t_bits),
-      lambda s_b, s_b_val, r, a: _float_tail(s_b_val, r, a, True),
-      lambda s_b, s_b_val, r, a: _exact_tail(s_b, r, a, True),
-      s_b, s_b_val, recip_s_enc, amax_t_bits)
+      lambda s_b, s_b_val, s, a: _float_tail(s_b_val, s, a, True),
+      lambda s_b, s_b_val, s, a: _exact_tail(s_b, s, a, True),
+      s_b, s_b_val, s_enc_bits, amax_t_bits)
   return s_b, s_enc_b, m_bits
 
 
@@ -117,3 +157,48 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
     return float_path(s_b, U32(0))
   return jax.lax.cond(in_range(amax_t_bits), float_path,
                       lambda s, a: sc.nvfp4_decode_scale(s, a, True), s_b, amax_t_bits)
+
+
+def _rceil_k(bits: int, c: fractions.Fraction) -> int:
+  """k of the rceil rule for amax with float32 bits `bits` (host, exact rational arithmetic)."""
+  if bits == 0:
+    return -127
+  product = fractions.Fraction(float(np.uint32(bits).view(np.float32))) * c
+  e = product.numerator.bit_length() - product.denominator.bit_length()  # floor(log2) or one more
+  if fractions.Fraction(2) ** e > product:
+    e -= 1
+  spacing = fractions.Fraction(2) ** (max(e, -126) - 23)
+  n = product / spacing
+  q = n.numerator // n.denominator
+  rest = n - q
+  q += 1 if rest > fractions.Fraction(1, 2) or (rest == fractions.Fraction(1, 2) and q % 2) else 0
+  r = q * spacing  # fl32(amax * c), gradual underflow
+  if r == 0:
+    return -127
+  k = r.numerator.bit_length() - r.denominator.bit_length()
+  k += 1 if fractions.Fraction(2) ** k < r else 0
+  k -= 1 if fractions.Fraction(2) ** (k - 1) >= r else 0
+  return max(-127, min(127, k))
+
+
+@functools.lru_cache(maxsize=None)
+def _rceil_bounds(max_value: float) -> tuple[int, int]:
+  """float32 bits of the smallest amax with k >= -126 and with k >= -125 (module docstring)."""
+  c = fractions.Fraction(float(np.float32(1.0 / max_value)))
+  bounds = []
+  for j in (-126, -125):
+    lo, hi = 0, fb.INF_BITS  # k(lo) < j <= k(hi)
+    while hi - lo > 1:
+      mid = (lo + hi) // 2
+      lo, hi = (lo, mid) if _rceil_k(mid, c) >= j else (mid, hi)
+    bounds.append(hi)
+  return bounds[0], bounds[1]
+
+
+def rceil_exponent(amax_bits, element):
+  """The e8m0 exponent k of the "rceil" scale mode, as `_scales.e8m0_exponent` computes it."""
+  f126, f125 = _rceil_bounds(element.max_value)
+  bits = amax_bits.astype(jnp.int32)  # absolute values: below 2**31
+  k = jnp.int32(-125) + ((bits - jnp.int32(f125)) >> 23)
+  k = jnp.where(bits < f125, jnp.where(bits < f126, jnp.int32(-127), jnp.int32(-126)), k)
+  return jnp.where(bits >= fb.INF_BITS, jnp.int32(127), jnp.minimum(k, 127))

@@ -183,6 +183,33 @@ def test_nvfp4_given_infinite_or_nan_tensor_amax_matches_the_reference():
     both(x, "nvfp4", tensor_amax=amax)
 
 
+@pytest.mark.parametrize("element", ["e2m1", "e2m3", "e4m3", "e5m2"])
+def test_rceil_exponent_from_thresholds_equals_the_integer_product(element):
+  """The fast rceil k (two host thresholds, then a shift of the bits) against `_scales`' integer
+  product and against numpy (float64 product, one rounding to float32 with gradual underflow), on
+  a stride through every float32 amax and on windows around each threshold and binade."""
+  from lpjax.quant import _fast_scales as fast_scales
+  from lpjax.quant import _formats as formats
+  from lpjax.quant import _scales as scales
+  el = formats.ELEMENT_FORMATS[element]
+  f126, f125 = fast_scales._rceil_bounds(el.max_value)
+  windows = [np.arange(f - 600, f + 600) for f in (f126, f125, f125 + (1 << 23), f125 + (40 << 23),
+                                                  0x3F800000, 0x7F800000 - 300)]
+  bits = np.unique(np.clip(np.concatenate([np.arange(0, 0x7FFFFFFF, 4099)] + windows),
+                           0, 0x7FFFFFFF)).astype(np.uint32)
+  fast_k = np.asarray(jax.jit(lambda b: fast_scales.rceil_exponent(b, el))(jnp.asarray(bits)))
+  exact_k = np.asarray(jax.jit(lambda b: scales.e8m0_exponent(b, el, "rceil"))(jnp.asarray(bits)))
+  np.testing.assert_array_equal(fast_k, exact_k)
+  finite = bits < 0x7F800000
+  ratio = (bits[finite].view(F32).astype(np.float64)
+           * np.float64(np.float32(1.0 / el.max_value))).astype(F32)  # exact product, one rounding
+  with np.errstate(divide="ignore"):
+    _, e = np.frexp(ratio)  # ratio = m 2**e, m in [0.5, 1): ceil(log2) is e, or e - 1 at m = 0.5
+  k = np.where(np.frexp(ratio)[0] == 0.5, e - 1, e)
+  np.testing.assert_array_equal(fast_k[finite], np.clip(np.where(ratio == 0, -127, k), -127, 127))
+  assert (fast_k[~finite] == 127).all()
+
+
 def test_nvfp4_decode_multiplier_near_flt_max_is_rescaled_on_both_paths():
   """amax_t near FLT_MAX: fl32(s_b * amax_t) would overflow (and 0 * inf give NaN); both paths
   form it at amax_t * 2**-64 (§5), so a zero decodes to +0 and the others stay finite."""
