@@ -90,7 +90,8 @@ SWEEPS: dict[str, list[Row]] = {
     # Optimizers at the paper lr and 3x, in FP32 and MXFP4.
     "optimizer": _named(*_optimizer_rows()),
     # Adam against Stable-SPAM across learning rates (where one beats the other), FP32 and MXFP4.
-    "lr": _named(*_lr_rows()),
+    "lr": _named(*_lr_rows(), Row("fp32_stable_spam_hp_gammas", "fp32", "stable_spam", overrides=(
+        ("optimizer.gamma1", 0.85), ("optimizer.gamma2", 0.99999)))),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
@@ -154,7 +155,9 @@ DESCRIPTIONS = {
                 "(dgrad and wgrad), and only the forward, dgrad or wgrad GEMM (both operands).",
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
     "lr": "Adam and Stable-SPAM at 0.25x, 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
-          "Stable-SPAM's lead or lag at one lr is an lr effect.",
+          "Stable-SPAM's lead or lag at one lr is an lr effect; and FP32 Stable-SPAM with the "
+          "paper's high-precision AdaGN decays (gamma1 0.85, gamma2 0.99999) instead of its 4-bit "
+          "ones.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "
