@@ -90,8 +90,10 @@ SWEEPS: dict[str, list[Row]] = {
     # Optimizers at the paper lr and 3x, in FP32 and MXFP4.
     "optimizer": _named(*_optimizer_rows()),
     # Adam against Stable-SPAM across learning rates (where one beats the other), FP32 and MXFP4.
-    "lr": _named(*_lr_rows(), Row("fp32_stable_spam_hp_gammas", "fp32", "stable_spam", overrides=(
-        ("optimizer.gamma1", 0.85), ("optimizer.gamma2", 0.99999)))),
+    "lr": _named(*_lr_rows(), *(
+        Row("fp32_stable_spam_hp_gammas" + ("" if scale == 1.0 else f"_lr{scale:g}x"), "fp32",
+            "stable_spam", scale, overrides=(("optimizer.gamma1", 0.85), ("optimizer.gamma2", 0.99999)))
+        for scale in (0.5, 1.0))),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
