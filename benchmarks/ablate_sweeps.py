@@ -91,9 +91,9 @@ SWEEPS: dict[str, list[Row]] = {
     "optimizer": _named(*_optimizer_rows()),
     # Adam against Stable-SPAM across learning rates (where one beats the other), FP32 and MXFP4.
     "lr": _named(*_lr_rows(), *(
-        Row("fp32_stable_spam_hp_gammas" + ("" if scale == 1.0 else f"_lr{scale:g}x"), "fp32",
+        Row(f"{recipe}_stable_spam_hp_gammas" + ("" if scale == 1.0 else f"_lr{scale:g}x"), recipe,
             "stable_spam", scale, overrides=(("optimizer.gamma1", 0.85), ("optimizer.gamma2", 0.99999)))
-        for scale in (0.5, 1.0))),
+        for recipe, scale in (("fp32", 0.5), ("fp32", 1.0), ("mxfp4", 1.0)))),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
@@ -157,9 +157,8 @@ DESCRIPTIONS = {
                 "(dgrad and wgrad), and only the forward, dgrad or wgrad GEMM (both operands).",
     "optimizer": "Adam, SPAM and Stable-SPAM at the paper lr and at 3x, in FP32 and MXFP4.",
     "lr": "Adam and Stable-SPAM at 0.25x, 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
-          "Stable-SPAM's lead or lag at one lr is an lr effect; and FP32 Stable-SPAM with the "
-          "paper's high-precision AdaGN decays (gamma1 0.85, gamma2 0.99999) instead of its 4-bit "
-          "ones.",
+          "Stable-SPAM's lead or lag at one lr is an lr effect; and Stable-SPAM with the paper's "
+          "high-precision AdaGN decays (gamma1 0.85, gamma2 0.99999) instead of its 4-bit ones.",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "
