@@ -93,7 +93,7 @@ SWEEPS: dict[str, list[Row]] = {
     "lr": _named(*_lr_rows(), *(
         Row(f"{recipe}_stable_spam_hp_gammas" + ("" if scale == 1.0 else f"_lr{scale:g}x"), recipe,
             "stable_spam", scale, overrides=(("optimizer.gamma1", 0.85), ("optimizer.gamma2", 0.99999)))
-        for recipe, scale in (("fp32", 0.5), ("fp32", 1.0), ("mxfp4", 1.0)))),
+        for recipe, scale in (("fp32", 0.5), ("fp32", 1.0), ("fp32", 2.0), ("mxfp4", 1.0)))),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
