@@ -109,6 +109,23 @@ def _leave_out_other_machines(rows: list[dict], reference: str) -> list[str]:
   return notes
 
 
+def _finished_losses(row: dict) -> dict:
+  """{seed: final eval loss} of the row's finished runs."""
+  return {r["seed"]: float(r["final_eval_loss"]) for r in row["runs"]
+          if r["status"] == "ok" and r.get("final_eval_loss") is not None
+          and math.isfinite(float(r["final_eval_loss"]))}
+
+
+def _ratio_pct(losses: dict, ref_losses: dict) -> float:
+  """mean / mean(reference) - 1 in %, both over the seeds that finished in both rows, so that a
+  row with fewer seeds so far is compared with the reference's runs of the same seeds."""
+  seeds = sorted(set(losses) & set(ref_losses))
+  if not seeds:
+    return NAN
+  ref_mean = float(np.mean([ref_losses[k] for k in seeds]))
+  return (float(np.mean([losses[k] for k in seeds])) / ref_mean - 1.0) * 100.0 if ref_mean > 0 else NAN
+
+
 def summarize(sweep: str, rows: list[dict], reference: str, meta: dict) -> dict:
   """rows: [{"label", "recipe", "optimizer", "lr", "overrides", "command", "runs"}] -> summary."""
   out_rows = []
@@ -124,9 +141,9 @@ def summarize(sweep: str, rows: list[dict], reference: str, meta: dict) -> dict:
                                    "wall_time_s", "skipped_steps", "steps")}}
                               for r in row["runs"]]})
   ref = next((r for r in out_rows if r["label"] == reference), None)
-  ref_mean = ref["mean"] if ref else NAN
+  ref_losses = _finished_losses(ref) if ref else {}
   for r in out_rows:
-    r["ratio_pct"] = (r["mean"] / ref_mean - 1.0) * 100.0 if ref_mean > 0 else NAN
+    r["ratio_pct"] = _ratio_pct(_finished_losses(r), ref_losses)
   return {"sweep": sweep, "reference": reference, **meta, "rows": out_rows,
           "other_machines": other_machines}
 
@@ -156,7 +173,8 @@ def markdown(summary: dict) -> str:
   lines = [f"# Ablation: {s['sweep']}", "", s.get("description", ""), "",
            f"LLaMA-{s.get('size', '?')} ({s.get('scale', '?')} scale), {s.get('steps', '?')} steps, "
            f"seeds {', '.join(str(k) for k in s.get('seeds', []))}. Final eval loss: mean ± sample "
-           f"std over the seeds that finished; \"vs FP32 Adam\" = mean / mean({s['reference']}) - 1; "
+           f"std over the seeds that finished; \"vs FP32 Adam\" = mean / mean({s['reference']}) - 1 over "
+           "the seeds that finished in both; "
            "\"quant off\" evaluates the same weights with every GEMM in fp32.", "",
            "| row | recipe | optimizer | lr | final eval loss | eval loss, quant off | vs FP32 Adam "
            "| wall time / run | seeds |",

@@ -190,6 +190,17 @@ def test_table_mean_std_and_ratio(tmp_path):
   assert "- b: TrainingError: 3 non-finite steps" in md
 
 
+def test_ratio_of_a_row_with_fewer_seeds_uses_the_reference_runs_of_the_same_seeds(tmp_path):
+  """A row with only seed 0 so far is compared with the reference's seed 0 (2.0), not with the
+  mean of its three seeds (2.4): +10%, not -8.3%."""
+  rows = _rows(tmp_path, {"fp32_adam": [dict(loss=2.0), dict(loss=2.4), dict(loss=2.8)],
+                          "partial": [dict(loss=2.2)]})
+  rows[1]["runs"] += [{"seed": 1, "status": "missing", "results": {}, "error": None, "curve": {}}]
+  s = report.summarize("demo", rows, "fp32_adam", {"seeds": [0, 1, 2]})
+  assert s["rows"][1]["ratio_pct"] == pytest.approx(10.0)
+  assert s["rows"][0]["ratio_pct"] == 0.0
+
+
 def _stats(tmp_path, table):
   return {r["label"]: report.row_stats(r["runs"]) for r in _rows(tmp_path, table)}
 
