@@ -112,14 +112,10 @@ def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
 
 
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
-  """S_enc_b and the decode multiplier with `_scales`' integer arithmetic (as in
-  `_scales.nvfp4_block_scales` from t on, and `_scales.nvfp4_decode_scale`)."""
-  negative, sig, exp = sc.decode_sig_exp(s_b, "e4m3")
+  """S_enc_b and the decode multiplier with `_scales`' integer arithmetic."""
   (recip_s_enc,) = materialize((fb.recip(s_enc_bits),), opaque_zero(amax_t_bits))
-  t = fb.mul_small(sig, exp, negative, recip_s_enc)
-  s_enc_b = jnp.where(t == 0, U32(sc.FLT_MAX_BITS),
-                      jnp.minimum(fb.recip_normal(t), U32(sc.FLT_MAX_BITS)))
-  return s_enc_b, sc.nvfp4_decode_scale(s_b, amax_t_bits, use_tensor_scale)
+  return (sc.nvfp4_block_encode_scale(s_b, recip_s_enc),
+          sc.nvfp4_decode_scale(s_b, amax_t_bits, use_tensor_scale))
 
 
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):

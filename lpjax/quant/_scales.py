@@ -74,12 +74,16 @@ def nvfp4_block_scales(amax_block_bits, s_enc_bits):
   p = fb.mul_by_scale(amax_block_bits, *fb.scale_parts(c))  # exact wherever it can matter
   _, sig, exp = fb.split(p)
   s_b = fb.round_to_grid(sig, exp, e4m3, "nearest_even")  # ue4m3 byte, saturated at 448
+  return s_b, nvfp4_block_encode_scale(s_b, fb.recip(s_enc_bits))
+
+
+def nvfp4_block_encode_scale(s_b, recip_s_enc_bits):
+  """S_enc_b bits of §5 from the s_b bytes and the bits of fl32(1 / S_enc)."""
   negative, s_b_sig, s_b_exp = decode_sig_exp(s_b, "e4m3")
-  t = fb.mul_small(s_b_sig, s_b_exp, negative, fb.recip(s_enc_bits))
+  t = fb.mul_small(s_b_sig, s_b_exp, negative, recip_s_enc_bits)
   # t <= 448 * FLT_MAX / 2688 < 2**126, so 1 / t is never subnormal: recip_normal is exact.
-  s_enc_b = jnp.where(t == 0, jnp.uint32(FLT_MAX_BITS),
-                      jnp.minimum(fb.recip_normal(t), jnp.uint32(FLT_MAX_BITS)))
-  return s_b, s_enc_b
+  return jnp.where(t == 0, jnp.uint32(FLT_MAX_BITS),
+                   jnp.minimum(fb.recip_normal(t), jnp.uint32(FLT_MAX_BITS)))
 
 
 BIG_AMAX_T_BITS = 0x5F800000  # float32 bits of 2**64: from here the decode product is rescaled
