@@ -240,6 +240,40 @@ def test_hadamard_blocks_along_axis_and_inverse(axis):
   np.testing.assert_allclose(np.linalg.norm(yb, axis=1), np.linalg.norm(xb, axis=1), rtol=1e-5)
 
 
+def _numpy_butterflies(x, block, signs):
+  """docs/numerics.md §7 in float32 numpy: signs, the butterfly levels h = 1, 2, ... one at a
+  time (fl(a + b), fl(a - b)), fl(1 / sqrt(block)), zeros made +0."""
+  v = (x * signs).reshape(x.shape[:-1] + (-1, block)).astype(np.float32)
+  h = 1
+  while h < block:
+    g = v.reshape(v.shape[:-1] + (block // (2 * h), 2, h))
+    a, b = g[..., 0, :].copy(), g[..., 1, :].copy()
+    g[..., 0, :], g[..., 1, :] = a + b, a - b
+    v = g.reshape(v.shape)
+    h *= 2
+  y = v * np.float32(1.0 / np.sqrt(float(block)))
+  y[y == 0] = 0.0
+  return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("passes", [(1,), (1, 2), (2,), (3, 2), (5,)])
+@pytest.mark.parametrize("block", [2, 16, 32, 128])
+def test_hadamard_bits_do_not_depend_on_levels_per_pass(monkeypatch, passes, block):
+  """Grouping butterfly levels into passes (one fusion each) computes the same additions in the
+  same order: bit-identical to the levels one at a time, for any grouping."""
+  from lpjax.quant import _hadamard
+  monkeypatch.setattr(_hadamard, "_LEVELS_PER_PASS", passes)
+  rng = np.random.default_rng(block)
+  x = (rng.standard_normal((6, 2 * block)) * 2.0**rng.integers(-20, 20, (6, 2 * block)))
+  x = x.astype(np.float32)
+  x[0, :block] = x[0, 0]  # a block of equal values: exact zeros, whose sign must be +0
+  x[1, 3] = -0.0
+  s = np.asarray(quant.random_signs(jax.random.key(block), block))
+  got = np.asarray(jax.jit(lambda v: quant.hadamard(v, block, signs=s))(jnp.asarray(x)))
+  want = _numpy_butterflies(x, block, np.tile(s, 2))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_hadamard_leaves_products_unchanged():
   """Applied to both operands along the contraction axis, the RHT cancels (docs/numerics.md §7)."""
   rng = np.random.default_rng(4)
