@@ -27,6 +27,9 @@ from llama_step import add_step_arguments, compile_train_step, load_config  # no
 def _parse():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   add_step_arguments(p)
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="a config override of both programs, e.g. --set model.vocab_chunks=8; "
+                      "repeatable")
   return p.parse_args()
 
 
@@ -37,6 +40,7 @@ if ARGS is not None:  # before jax is imported
 
 import jax  # noqa: E402
 
+from ablate_sweeps import parse_sets, set_key  # noqa: E402
 from hlo_collectives import collective_bytes  # noqa: E402
 
 
@@ -53,6 +57,8 @@ def main():
   config = load_config(ARGS.config)
   if ARGS.batch_size:
     config.batch_size = ARGS.batch_size
+  for key, value in parse_sets(ARGS.set):
+    set_key(config, key, value)
   mib = 2.0**20
   rows = {}
   for on in (False, True):
@@ -63,7 +69,8 @@ def main():
   as_bf16 = sum(v // (4 if k == "f32" else 1) * (2 if k == "f32" else 1) for k, v in before.items())
   print(f"{ARGS.config}: mesh data {config.mesh.data} fsdp {config.mesh.fsdp} tensor "
         f"{config.mesh.tensor}, batch {config.batch_size} x {config.seq_len}, "
-        f"{config.grad_accum_steps} microbatches, {len(devices)} devices, jax {jax.__version__}")
+        f"{config.grad_accum_steps} microbatches, {len(devices)} devices, overrides "
+        f"{ARGS.set or 'none'}, jax {jax.__version__}")
   print("| gather_quantized_weights | all-gather MiB per step per device | by dtype | compile s |")
   print("|---|---|---|---|")
   for on in (False, True):

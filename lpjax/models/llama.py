@@ -32,6 +32,7 @@ from flax import nnx
 
 from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
+from lpjax import quant
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
 
 # Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh).
@@ -311,9 +312,13 @@ def apply_features(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPoli
   if policy is not None:
     model.set_policy(policy)
   features, head_key = model.features(tokens, key=key)
+  # Under FSDP the head is gathered once, here: the loss slices it inside a loop, where each
+  # slice would otherwise be gathered on its own, in the forward and again in the recomputation.
+  lm_head = model.lm_head
+  kernel = quant.gather_weight(lm_head.kernel[...], lm_head.kernel_axes)
 
   def head(x, start, size):
-    logits = model.lm_head.columns(x, start, size, key=head_key)
+    logits = lm_head.columns(x, start, size, key=head_key, kernel=kernel)
     return constrain(logits, _VOCAB).astype(jnp.float32)
 
   return features, head

@@ -70,10 +70,12 @@ class _Quantized(nnx.Module):
   def _init_bias(self, use_bias, bias_init, n, param_dtype, rngs):
     return nnx.Param(bias_init(rngs.params(), (n,), param_dtype)) if use_bias else nnx.data(None)
 
-  def _prepare(self, x, key):
-    """(x, kernel, bias) promoted to the layer's dtype, the active recipe and its key."""
+  def _prepare(self, x, key, kernel=None):
+    """(x, kernel, bias) promoted to the layer's dtype, the active recipe and its key; `kernel`
+    (None: the layer's own) is the kernel's value as the caller already has it."""
     bias = self.bias[...] if self.bias is not None else None
-    x, kernel, bias = dtypes.promote_dtype((x, self.kernel[...], bias), dtype=self.dtype)
+    kernel = self.kernel[...] if kernel is None else kernel
+    x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
     recipe = self.active_recipe()
     return x, kernel, bias, recipe, self._key(recipe, key)
 
@@ -105,10 +107,12 @@ class QDense(_Quantized):
     y = quant.dot_general(x, kernel, dn, recipe, key=key, rhs_axes=self.kernel_axes)
     return y if bias is None else y + bias
 
-  def columns(self, x, start, size: int, *, key=None):
+  def columns(self, x, start, size: int, *, key=None, kernel=None):
     """`self(x)[..., start:start + size]` without the other columns: the kernel's columns from
     `start` (an int or a traced scalar, e.g. a loop index) through a high-precision recipe (a
-    block-scaled recipe would quantize a slice differently from the whole kernel).
+    block-scaled recipe would quantize a slice differently from the whole kernel). `kernel`: the
+    layer's kernel as the caller prepared it outside a loop over slices, e.g. gathered once with
+    `quant.gather_weight(layer.kernel[...], layer.kernel_axes)` (None: the layer's own).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -118,7 +122,7 @@ class QDense(_Quantized):
       >>> bool(jnp.allclose(layer.columns(x, 2, 3), layer(x)[:, 2:5]))
       True
     """
-    x, kernel, bias, recipe, key = self._prepare(x, key)
+    x, kernel, bias, recipe, key = self._prepare(x, key, kernel)
     if not recipe.is_high_precision:
       raise ValueError(f"QDense at {self.path!r}: columns() needs a high-precision recipe, the "
                        f"layer runs {recipe}; a slice of a block-scaled kernel is quantized with "

@@ -46,7 +46,7 @@ from lpjax.quant._gemm import dot_general, operand_stats
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 from lpjax.quant._operand import fake_quant_operand
 from lpjax.quant._policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
-from lpjax.quant._weight_gather import weight_sharding
+from lpjax.quant._weight_gather import gather_weight, weight_sharding
 from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
 
@@ -64,6 +64,6 @@ __all__ = [
     # GEMMs, recipes and policies
     "DEFAULT_HIGH_PRECISION", "GemmQuant", "GemmRecipe", "OperandQuant", "QuantPolicy",
     "RECIPE_NAMES", "REUSE_FWD", "conv_general_dilated", "conv_operand_stats", "dot_general",
-    "einsum", "einsum_operand_stats", "fake_quant_operand", "get_recipe", "operand_stats", "path_str", "recipes",
-    "weight_sharding",
+    "einsum", "einsum_operand_stats", "fake_quant_operand", "gather_weight", "get_recipe",
+    "operand_stats", "path_str", "recipes", "weight_sharding",
 ]

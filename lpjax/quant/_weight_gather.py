@@ -98,6 +98,23 @@ def pin(y, axes, *, gathered: bool):
   return y if (_RESOLVER.get() is None or axes is None) else _pin(y, axes, gathered)
 
 
+def gather_weight(w, axes):
+  """Weight `w` with logical axes `axes`, all-gathered here under `weight_sharding` (unchanged
+  without a resolver, or where it gives no layout).
+
+  For code that slices a high-precision weight inside a loop (the vocabulary-chunked LM head):
+  gathered once before the loop, its slices need no gather of their own; sliced first, every
+  iteration would gather its slice again, and again in a rematerialized backward pass.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> w = jnp.ones((4, 6))
+    >>> gather_weight(w, ("embed", "vocab")) is w  # no weight_sharding: nothing to gather
+    True
+  """
+  return pin(w, axes, gathered=True)
+
+
 def pin_qarray(q, axes, *, gathered: bool):
   """The codes and block scales of QArray `q` (a weight with logical axes `axes`) pinned to the
   weight's sharding (gathered=False) or to its gathered layout; other values pass through."""

@@ -118,3 +118,23 @@ def test_fp4_weight_gather_keeps_the_training_bits(tmp_path):
     assert float(out[True][1][name]) == float(out[False][1][name]), name
   for a, b in zip(out[True][2], out[False][2]):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_vocab_chunks_gather_the_lm_head_once(tmp_path):
+  """Under fsdp the vocab-chunked loss gathers the LM head once per microbatch, like the whole-
+  logits loss, not once per vocabulary slice in the forward and again in its recomputation."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "benchmarks"))
+  from hlo_collectives import collective_bytes
+
+  def gathered(chunks):
+    cfg = small("mxfp4_naive", **{"mesh.data": 1, "mesh.fsdp": 8, "batch_size": 16,
+                                  "grad_accum_steps": 2, "model.vocab_size": 4096,
+                                  "model.vocab_chunks": chunks})
+    return sum(collective_bytes(_compiled_step_text(Trainer(cfg, str(tmp_path / str(chunks)))),
+                                "all-gather").values())
+
+  whole, chunked = gathered(0), gathered(8)
+  assert chunked <= whole, (chunked, whole)
