@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -55,16 +56,37 @@ if ARGS is not None:  # before jax is imported
                                            "motion"] if ARGS.licm == "off" else []))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from ablate_sweeps import parse_sets, set_key  # noqa: E402
 
 
+def shard_bytes(tree, dtype=None) -> int:
+  """Bytes one device holds of a tree of ShapeDtypeStructs (each with its sharding), each leaf in
+  its own dtype or in `dtype`."""
+  return sum(math.prod(a.sharding.shard_shape(a.shape)) * jnp.dtype(dtype or a.dtype).itemsize
+             for a in jax.tree.leaves(tree))
+
+
 def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
-  compiled, compile_s = compile_train_step(config, vocab, devices)
+  """(XLA's per-device bytes, its parts plus the state's breakdown, compile seconds).
+
+  The breakdown: parameters and optimizer state are the step's arguments (their shards); the
+  gradients are one copy of the parameters' shards in the parameters' dtypes and, with
+  microbatches, the accumulators one more in `grad_accum_dtype`, both inside XLA's temporaries;
+  "activations and other temporaries" is the rest of the temporaries (XLA's buffer assignment
+  does not say which buffer is an activation).
+  """
+  compiled, compile_s, state = compile_train_step(config, vocab, devices, with_state=True)
   m = compiled.memory_analysis()
   parts = {"arguments": m.argument_size_in_bytes, "temporaries": m.temp_size_in_bytes,
            "outputs": m.output_size_in_bytes, "aliased": m.alias_size_in_bytes}
   total = parts["arguments"] + parts["temporaries"] + parts["outputs"] - parts["aliased"]
+  accumulators = (shard_bytes(state.params, config.grad_accum_dtype)
+                  if config.grad_accum_steps > 1 else 0)
+  parts.update(parameters=shard_bytes(state.params), optimizer_state=shard_bytes(state.opt_state),
+               gradients=shard_bytes(state.params), accumulators=accumulators)
+  parts["activations_and_other"] = parts["temporaries"] - parts["gradients"] - accumulators
   return total, parts, compile_s
 
 
@@ -111,9 +133,19 @@ def main():
   for name, t, p, s in rows:
     print(f"| {name} | {t / gib:.2f} | {p['arguments'] / gib:.2f} | {p['temporaries'] / gib:.2f} | "
           f"{p['outputs'] / gib:.2f} | {p['aliased'] / gib:.2f} | {s:.0f} |")
+  print("\nBreakdown, GiB per device (arguments = parameters + optimizer state + the batch; "
+        "temporaries = gradients + accumulators + activations and other temporaries):")
+  print("| program | parameters | optimizer state | gradients | accumulators | activations and "
+        "other temporaries |")
+  print("|---|---|---|---|---|---|")
+  for name, _, p, _ in rows:
+    print(f"| {name} | {p['parameters'] / gib:.2f} | {p['optimizer_state'] / gib:.2f} | "
+          f"{p['gradients'] / gib:.2f} | {p['accumulators'] / gib:.2f} | "
+          f"{p['activations_and_other'] / gib:.2f} |")
   result = {"config": ARGS.config, "devices": len(devices), "remat": bool(config.model.remat),
             "licm": ARGS.licm == "on", "per_device_bytes": int(total),
-            "baseline_per_device_bytes": int(base_total) if base_total is not None else None}
+            "baseline_per_device_bytes": int(base_total) if base_total is not None else None,
+            "breakdown": {name: {k: int(v) for k, v in p.items()} for name, _, p, _ in rows}}
   if base_total:
     result["ratio"] = total / base_total
     print(f"ratio to baseline: {total / base_total:.3f} (goal <= 0.6); fits a 40 GB A100: "

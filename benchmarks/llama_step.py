@@ -31,8 +31,9 @@ def load_config(path: str):
   return module.get_config()
 
 
-def compile_train_step(config, vocab: int, devices):
-  """(jax.stages.Compiled train step of `config` on `devices`, compile seconds)."""
+def compile_train_step(config, vocab: int, devices, *, with_state: bool = False):
+  """(jax.stages.Compiled train step of `config` on `devices`, compile seconds), and with
+  `with_state` the train state's ShapeDtypeStructs (with their shardings) as a third item."""
   import jax
   import jax.numpy as jnp
 
@@ -83,4 +84,5 @@ def compile_train_step(config, vocab: int, devices):
   start = time.time()
   compiled = jax.jit(traced_step, donate_argnums=(0,)).lower(
       state, batch, jax.random.key(0)).compile()
-  return compiled, time.time() - start
+  secs = time.time() - start
+  return (compiled, secs, state) if with_state else (compiled, secs)
