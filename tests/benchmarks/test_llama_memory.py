@@ -41,6 +41,21 @@ def test_remat_and_fsdp_lower_the_per_device_memory():
   _, parts_one, _ = llama_memory.per_device_bytes(one, 512, jax.devices()[:1])
   params_8 = sizes[True][1]["arguments"]
   assert params_8 < parts_one["arguments"] / 4  # weights and moments sharded 8 ways (+ the batch)
+  # The breakdown, re-derived: FP32 Adam on one device holds 4 bytes per parameter, m and v 4
+  # each (plus its step count); parameters + optimizer state are the arguments but the batch.
+  from lpjax.models import llama
+  from lpjax.train._tasks.lm import llama_config_of
+  n = sum(a.size for a in jax.tree.leaves(jax.eval_shape(
+      lambda: llama.init_params(llama_config_of(one, 512), jax.random.key(0)))))
+  assert parts_one["parameters"] == parts_one["gradients"] == 4 * n
+  assert 8 * n <= parts_one["optimizer_state"] <= 8 * n + 64
+  assert parts_one["accumulators"] == (4 * n if one.grad_accum_steps > 1 else 0)
+  batch = parts_one["arguments"] - parts_one["parameters"] - parts_one["optimizer_state"]
+  assert 0 <= batch <= 2 * one.batch_size * one.seq_len * 4 + 64  # inputs, targets, the key
+  eight = sizes[True][1]  # per device under fsdp 8: a shard of each (norm scales replicated)
+  assert parts_one["parameters"] / 8 <= eight["parameters"] < parts_one["parameters"] / 4
+  assert parts_one["activations_and_other"] == (parts_one["temporaries"] - parts_one["gradients"]
+                                                - parts_one["accumulators"])
 
 
 def test_sharding_hints_benchmark_runs():
