@@ -122,7 +122,12 @@ SWEEPS: dict[str, list[Row]] = {
                        ("grad_accum_steps", 4))),
         Row("mxfp4_sspam_bf16state_bf16params_bf16accum4", "mxfp4", "stable_spam",
             overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
-                       ("grad_accum_steps", 4), ("grad_accum_dtype", "bfloat16")))),
+                       ("grad_accum_steps", 4), ("grad_accum_dtype", "bfloat16"))),
+        # ... and the LM head + loss over 4 vocabulary slices (as the 1B config's 8)
+        Row("mxfp4_sspam_bf16state_bf16params_bf16accum4_vocab4", "mxfp4", "stable_spam",
+            overrides=(("optimizer.state_dtype", "bfloat16"), ("model.param_dtype", "bfloat16"),
+                       ("grad_accum_steps", 4), ("grad_accum_dtype", "bfloat16"),
+                       ("model.vocab_chunks", 4)))),
     # Exactly the rows the quality goals compare (ablate_report.quality_goals).
     "quality": _named(
         Row("mxfp4_bwd_adam", "mxfp4_bwd"), Row("mxfp4_adam", "mxfp4"), Row("nvfp4_adam", "nvfp4"),
@@ -159,7 +164,7 @@ DESCRIPTIONS = {
     "memory": "Memory options of configs/llama_1b_mxfp4.py at tiny scale: MXFP4 + Stable-SPAM with "
               "bf16 moments, plus bf16 master weights updated with stochastic rounding, or to "
               "nearest; then 4 microbatches with float32 or bf16 (stochastic rounding) gradient "
-              "accumulators.",
+              "accumulators; then the LM head and loss over 4 vocabulary slices.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",
 }
 

@@ -9,11 +9,11 @@ default tfrecord format with TensorFlow installed (`pip install -e '.[tf]'`; rea
 and T5's SentencePiece model (vocab 32000); see docs/numerics.md §10 for the paper settings.
 
 Per-device memory, XLA's estimate (benchmarks/llama_memory.py --licm=off, docs/results.md
-"Memory"): 2.57 GiB with remat, 0.608x of the same run with FP32 Adam and no quantization; with
---config.model.remat=False 6.4 GiB (FP4-packed GEMM residuals; 0.498x), which also fits a 40 GB
-A100 and skips the recomputation. The bf16 master weights and bf16 gradient accumulators below are memory
-options; their quality on the tiny model is in docs/results.md. --config.model.vocab_chunks=8
-saves 0.01 GiB more, but gathers the LM head inside the microbatch loop.
+"Memory"): 2.51 GiB with remat, 0.595x of the same run with FP32 Adam and no quantization; with
+--config.model.remat=False 6.28 GiB (FP4-packed GEMM residuals; 0.487x), which also fits a
+40 GB A100 and skips the recomputation. The bf16 master weights, bf16 gradient accumulators and
+vocabulary slices below are memory options; their quality on the tiny model is in
+docs/results.md.
 """
 
 from lpjax.train.config import base_config
@@ -43,6 +43,8 @@ def get_config():
   c.optimizer.warmup_steps = 2000  # linear warm-up from 0
   c.optimizer.min_lr_ratio = 0.1  # then cosine decay to 10% of lr
   c.optimizer.state_dtype = "bfloat16"  # bf16 moments with stochastic rounding (memory)
+
+  c.model.vocab_chunks = 8  # LM head + loss over 8 vocabulary slices: no whole float32 logits
 
   c.quant.recipe = "mxfp4"  # MXFP4 GEMMs (E8M0 scales of 32; stochastic rounding in backward)
   c.quant.residuals = "quantized"  # FP4-packed column-wise copies saved for the backward pass
