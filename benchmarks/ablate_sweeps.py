@@ -109,6 +109,7 @@ SWEEPS: dict[str, list[Row]] = {
     # bf16 moments, then bf16 master weights (stochastic / nearest updates), then bf16 gradient
     # accumulators.
     "memory": _named(
+        Row("mxfp4_sspam", "mxfp4", "stable_spam"),  # float32 moments: what bf16 moments save on
         Row("mxfp4_sspam_bf16state", "mxfp4", "stable_spam",
             overrides=(("optimizer.state_dtype", "bfloat16"),)),
         Row("mxfp4_sspam_bf16state_bf16params", "mxfp4", "stable_spam",
@@ -162,9 +163,10 @@ DESCRIPTIONS = {
                f"QAF finish (last {HP_FRACTION:.0%} forward-only), backward-only (mxfp4_bwd, "
                "nvfp4_bwd_ms_eden) and Stable-SPAM in FP32 and MXFP4.",
     "memory": "Memory options of configs/llama_1b_mxfp4.py at tiny scale: MXFP4 + Stable-SPAM with "
-              "bf16 moments, plus bf16 master weights updated with stochastic rounding, or to "
-              "nearest; then 4 microbatches with float32 or bf16 (stochastic rounding) gradient "
-              "accumulators; then the LM head and loss over 4 vocabulary slices.",
+              "float32, then bf16 moments, plus bf16 master weights updated with stochastic "
+              "rounding, or to nearest; then 4 microbatches with float32 or bf16 (stochastic "
+              "rounding) gradient accumulators; then the LM head and loss over 4 vocabulary "
+              "slices.",
     "quality": "The rows of the issue's quality goals (quality_goals.md).",
 }
 
