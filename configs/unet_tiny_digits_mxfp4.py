@@ -1,5 +1,5 @@
 """A tiny U-Net on the offline digits with the recommended diffusion recipe (E4M3-scaled FP4 +
-Stable-SPAM + clipping + full-precision validation). On a 2-core CPU, XLA takes about 2.5 minutes
+Stable-SPAM + clipping + full-precision validation). On a 2-core CPU, XLA takes about 2 minutes
 (AVX-512) to compile the step (35 quantized layers, each with six exact two-level-scale
 quantizers; 8.4x the bf16 step's compile, docs/gemm.md "Cost on CPU"; older 2-core CPUs are
 slower). `--config.quant.recipe=mxfp4_naive` compiles in well under a minute.
