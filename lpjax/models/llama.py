@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lpjax import quant
 from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
-from lpjax import quant
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
 
 # Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh).
