@@ -84,8 +84,9 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
   total = parts["arguments"] + parts["temporaries"] + parts["outputs"] - parts["aliased"]
   accumulators = (shard_bytes(state.params, config.grad_accum_dtype)
                   if config.grad_accum_steps > 1 else 0)
-  parts.update(parameters=shard_bytes(state.params), optimizer_state=shard_bytes(state.opt_state),
-               gradients=shard_bytes(state.params), accumulators=accumulators)
+  params = shard_bytes(state.params)
+  parts.update(parameters=params, optimizer_state=shard_bytes(state.opt_state), gradients=params,
+               accumulators=accumulators)
   parts["activations_and_other"] = parts["temporaries"] - parts["gradients"] - accumulators
   return total, parts, compile_s
 
