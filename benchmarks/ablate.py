@@ -22,6 +22,7 @@ results instead of training again (the reference row trains once per seed). A ru
 (e.g. TrainingError after too many non-finite steps) is recorded in failed.json and the sweep goes
 on; --retry-failed runs those again. --report-only writes the tables and plots of the runs
 finished so far (missing runs count as not run), e.g. while a sweep is still training.
+--only-seeds 1,2 trains only those seeds (the rows whose seed 0 ran elsewhere get their others).
 
 Every run records the machine it ran on (benchmarks/run_machine.py: CPU model, cores, GPUs, jax
 versions, XLA flags): the same config and seed train to different losses on two machines, so runs
@@ -82,6 +83,9 @@ def parse_args(argv=None):
   p.add_argument("sweep", nargs="?", help=f"one of {', '.join(SWEEPS)}, or all")
   p.add_argument("--out", help="output directory (runs, tables, plots)")
   p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per row")
+  p.add_argument("--only-seeds", default="", metavar="LIST",
+                 help="train only these of the seeds 0..N-1, e.g. 1,2 (fills in the seeds a sweep "
+                      "lacks; the report still covers every seed)")
   p.add_argument("--steps", type=int, default=0, help="steps per run (0: the size's paper setting)")
   p.add_argument("--scale", choices=("cpu", "paper"), default="cpu",
                  help="cpu: LLaMA-tiny on the offline corpus; paper: --size on C4 (GPUs)")
@@ -107,6 +111,13 @@ def parse_args(argv=None):
       p.error("--out DIR is required.")
   if args.seeds < 1 or args.jobs < 1 or args.steps < 0:
     p.error("--seeds and --jobs must be >= 1 and --steps >= 0.")
+  try:
+    args.only_seeds = sorted({int(k) for k in args.only_seeds.split(",") if k.strip()})
+  except ValueError:
+    p.error(f"--only-seeds takes comma-separated integers, e.g. 1,2 (got {args.only_seeds!r}).")
+  outside = [k for k in args.only_seeds if not 0 <= k < args.seeds]
+  if outside:
+    p.error(f"--only-seeds {outside} outside the seeds 0..{args.seeds - 1}: raise --seeds.")
   args.size = "tiny" if args.scale == "cpu" else args.size
   try:
     args.sets = sweeps.parse_sets(args.set)
@@ -216,7 +227,8 @@ def plan(args):
   """(sweep names, all tasks, tasks to train, tasks to copy from an identical run)."""
   names = list(SWEEPS) if args.sweep == "all" else [args.sweep]
   tasks = []
-  for seed in range(args.seeds):  # seed-major: every row gets a first seed early
+  seeds = args.only_seeds or range(args.seeds)
+  for seed in seeds:  # seed-major: every row gets a first seed early
     for name in names:
       for row in sweep_rows(name, args.rows):
         tasks.append(Task(name, row, seed, os.path.join(args.out, "runs", name, row.label, f"seed{seed}")))

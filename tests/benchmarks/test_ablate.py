@@ -51,6 +51,19 @@ def test_dry_run_prints_every_row_and_every_config_validates(tmp_path, capsys):
       assert config.optimizer.lr == pytest.approx(3e-3 * row.lr_scale)
 
 
+def test_only_seeds_plans_just_those_seeds_and_rejects_seeds_outside_the_range(tmp_path):
+  args = ablate.parse_args(["recipes", "--out", str(tmp_path), "--seeds", "3", "--only-seeds", "2,1",
+                            "--rows", "bf16"])
+  _, tasks, to_run, _ = ablate.plan(args)
+  assert sorted((t.row.label, t.seed) for t in tasks) == [
+      ("bf16", 1), ("bf16", 2), ("fp32_adam", 1), ("fp32_adam", 2)]
+  assert {t.seed for t in to_run} == {1, 2}  # nothing has run: every planned run trains
+  assert len(ablate.plan(ablate.parse_args(["recipes", "--out", str(tmp_path), "--rows", "bf16"]))[1]) == 6
+  for bad in ("3", "x"):
+    with pytest.raises(SystemExit):
+      ablate.parse_args(["recipes", "--out", str(tmp_path), "--seeds", "3", "--only-seeds", bad])
+
+
 def _apply_command(command: str):
   """The config train.py would build from `command` (its --config.key=value flags)."""
   args = shlex.split(command)
