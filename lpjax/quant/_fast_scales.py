@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpjax.quant import _exact_float as xf
 from lpjax.quant import _fast_codec as fast
 from lpjax.quant import _formats as formats
 from lpjax.quant import _fp32_bits as fb
@@ -111,11 +112,44 @@ def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
   return fb.to_bits(s_enc_b), _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale)
 
 
+def _big_amax_t(amax_t_bits):
+  """(amax_t >= 2**64, the bits the decode product is formed with: amax_t * 2**-64 when big)."""
+  big = amax_t_bits >= U32(sc.BIG_AMAX_T_BITS)
+  return big, jnp.where(big, amax_t_bits - U32(64 << 23), amax_t_bits)
+
+
+def _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits):
+  """`_scales.nvfp4_decode_scale`'s tail from h = fl32(s_b * amax_t'): fl32(h * fl32(1/2688)),
+  scaled back by 2**64 when amax_t is big, s_b itself when amax_t == 0."""
+  g = xf.mul_bits(h, U32(sc.f32_const_bits(1.0 / 2688.0)))
+  g_abs = g & U32(fb.ABS_MASK)
+  g = jnp.where(big & (g_abs != 0) & (g_abs < U32(fb.INF_BITS)), g + U32(64 << 23), g)
+  return jnp.where(amax_t_bits == 0, s_b_bits, g)
+
+
+def _exact_decode_multiplier(s_b, amax_t_bits):
+  """`_scales.nvfp4_decode_scale` (with a tensor scale) for any amax_t, its products formed by
+  `_exact_float` (the same bits in far fewer operations)."""
+  s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
+  big, amax_t_prime = _big_amax_t(amax_t_bits)
+  h = xf.mul_bits(s_b_bits, amax_t_prime, a_is_short_normal=True)
+  return _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits)
+
+
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
-  """S_enc_b and the decode multiplier with `_scales`' integer arithmetic."""
-  (recip_s_enc,) = materialize((fb.recip(s_enc_bits),), opaque_zero(amax_t_bits))
-  return (sc.nvfp4_block_encode_scale(s_b, recip_s_enc),
-          sc.nvfp4_decode_scale(s_b, amax_t_bits, use_tensor_scale))
+  """S_enc_b and the decode multiplier exactly as `_scales` computes them, for any amax_t: the
+  products and 1 / S_enc (which can be subnormal here) by `_exact_float`, 1 / t by
+  `_fp32_bits.recip_normal` as `_scales.nvfp4_block_encode_scale` does. This branch is compiled
+  into every NVFP4 quantizer, so its operation count is compile time."""
+  del use_tensor_scale  # only called with a tensor scale
+  (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
+  s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
+  t = xf.mul_bits(s_b_bits, recip_s_enc, a_is_short_normal=True)
+  s_enc_b = jnp.where(t == 0, U32(sc.FLT_MAX_BITS),
+                      jnp.minimum(fb.recip_normal(t), U32(sc.FLT_MAX_BITS)))
+  big, amax_t_prime = _big_amax_t(amax_t_bits)
+  h = xf.mul_bits(s_b_bits, amax_t_prime, a_is_short_normal=True)
+  return s_enc_b, _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits)
 
 
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
@@ -151,8 +185,7 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
 
   if not use_tensor_scale:
     return float_path(s_b, U32(0))
-  return jax.lax.cond(in_range(amax_t_bits), float_path,
-                      lambda s, a: sc.nvfp4_decode_scale(s, a, True), s_b, amax_t_bits)
+  return jax.lax.cond(in_range(amax_t_bits), float_path, _exact_decode_multiplier, s_b, amax_t_bits)
 
 
 def _rceil_k(bits: int, c: fractions.Fraction) -> int:
