@@ -13,15 +13,21 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file in configs/.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
+_CACHE = flags.DEFINE_string(
+    "compilation_cache", os.path.join("~", ".cache", "lpjax", "jax_compilation_cache"),
+    "JAX's persistent compilation cache: a re-run, a resumed run or another seed of the same "
+    "config loads the compiled train step instead of compiling it again. '' turns it off; "
+    "JAX_COMPILATION_CACHE_DIR, when set, wins.")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from lpjax.train import train_and_evaluate  # after flags: keeps --help fast
-  from lpjax.train import setup_logging
+  from lpjax.train import setup_logging, use_compilation_cache
 
   setup_logging()
+  use_compilation_cache(_CACHE.value)
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(

@@ -169,13 +169,11 @@ def run_task(task: Task, args) -> dict:
   """Trains one (row, seed) in its workdir; a raised error goes to failed.json."""
   import jax
 
-  from lpjax.train import Trainer
+  from lpjax.train import Trainer, use_compilation_cache
 
   # Seeds of a row compile the same programs: the persistent cache compiles them once.
-  cache = os.environ.get("LPJAX_JAX_CACHE_DIR") or os.path.join(
-      os.path.expanduser("~"), ".cache", "lpjax", "jax_compilation_cache")
-  jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  cache = os.environ.get("LPJAX_JAX_CACHE_DIR")
+  use_compilation_cache(cache) if cache else use_compilation_cache()
   config = config_of(task, args)
   run_records.write_run_json(task, run_key(config), run_machine.fingerprint())
   failed = os.path.join(task.workdir, "failed.json")

@@ -21,6 +21,7 @@ from lpjax.train.config import TASKS, ConfigError, base_config, llama_config, va
 # name -> private module that defines it (imported on first access)
 _LAZY = {
     "Trainer": "_trainer", "TrainingError": "_trainer", "setup_logging": "_process",
+    "use_compilation_cache": "_process",
     "PrecisionController": "_precision", "PrecisionSchedule": "_precision",
     "ScheduleState": "_precision", "build_policy": "_precision",
     "make_optimizer": "_optimizers", "learning_rate_schedule": "_optimizers",
@@ -33,7 +34,7 @@ __all__ = ["CheckpointWriteError", "ConfigError", "PrecisionController", "Precis
            "ScheduleState", "TASKS", "Task", "Trainer", "TrainingError", "WorkdirInUse",
            "base_config", "build_policy", "decay_mask", "learning_rate_schedule", "llama_config",
            "make_optimizer", "make_task", "setup_logging", "tensorboard_command",
-           "train_and_evaluate", "validate"]
+           "train_and_evaluate", "use_compilation_cache", "validate"]
 
 
 def train_and_evaluate(config, workdir):

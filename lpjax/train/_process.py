@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -76,3 +77,26 @@ def setup_logging():
     logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
+
+
+DEFAULT_COMPILATION_CACHE = os.path.join("~", ".cache", "lpjax", "jax_compilation_cache")
+
+
+def use_compilation_cache(directory: str = DEFAULT_COMPILATION_CACHE) -> str | None:
+  """Turns on JAX's persistent compilation cache in `directory` ('~' expanded), so that a re-run,
+  a resumed run or another seed of the same config loads its compiled train step instead of
+  compiling it again (programs that compile in under a second are not stored).
+
+  '' does nothing; neither does a cache directory already set through JAX_COMPILATION_CACHE_DIR
+  or jax.config, which wins. Returns the directory in use, or None.
+  """
+  current = jax.config.jax_compilation_cache_dir
+  if current:
+    return current
+  if not directory:
+    return None
+  directory = os.path.abspath(os.path.expanduser(directory))
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  log.info("JAX compilation cache: %s", directory)
+  return directory
