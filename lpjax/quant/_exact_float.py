@@ -93,9 +93,10 @@ def round_bits(p, err, k):
   n = jnp.clip(k + 149, -4, 23)
   v = p * fb.from_bits(((n + 127) << 23).astype(U32))  # an exact power-of-two scaling
   r = jax.lax.round(v, jax.lax.RoundingMethod.TO_NEAREST_EVEN)
-  tie = jnp.abs(v - r) == jnp.float32(0.5)
-  r = jnp.where(tie & (err > 0), v + jnp.float32(0.5), jnp.where(tie & (err < 0),
-                                                                  v - jnp.float32(0.5), r))
+  d = v - r  # exact; +-1/2 at a midpoint, where r is the even neighbour
+  # At a midpoint the exact value lies on err's side of v: one step further from r than d's
+  # direction when err and d agree in sign (r + 2d), else r itself.
+  r = jnp.where((jnp.abs(d) == jnp.float32(0.5)) & (err * d > 0), r + (d + d), r)
   out = jnp.where(biased >= 1, normal, r.astype(U32))
   return jnp.where(biased >= 255, U32(fb.INF_BITS), out)
 
