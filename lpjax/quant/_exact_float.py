@@ -11,26 +11,28 @@ integer operations.
 - `decompose`: a subnormal input's integer mantissa m < 2**23 converts to float32 exactly, and
   m = sig * 2**E(m) is read off its bits; a normal input's significand is its mantissa bits under
   the exponent of 1.0.
-- `two_product(x, y)` for x, y in [1, 2) (Dekker's product; `_short_product` when x has at most
-  12 significant bits, so that xl = 0 and the sum stops after its second term): p = fl32(x * y) and e with
+- `two_product(x, y)` for x, y in [1, 2) (Dekker's product): p = fl32(x * y) and e with
   x * y = p + e exactly. x = xh + xl with xh the top 12 significant bits (a bit mask, not a float
   operation) and xl < 2**-11 the other 12, so each partial product has at most 24 bits (exact).
-  The sums are exact in the order written: xh*yh - p is within a factor 2 of zero's other side
-  (Sterbenz); adding xh*yl gives e - xl*y, a multiple of 2**-34 below 2**-10 in magnitude (24
-  bits); adding xl*yh gives e - xl*yl, a multiple of 2**-34 below 2**-21; adding xl*yl gives e,
-  representable (a multiple of 2**-46 of at most 2**-23). Every product is exact and every sum is
-  exact, so a backend that contracts a multiply and an add into an FMA computes the same values.
-- `reciprocal`: q = fl32(1 / x) for x in [1, 2), and the remainder r = 1 - q*x = (1 - p) - e from
-  the exact product q*x = p + e: 1 - p is exact (Sterbenz, p is within 2**-23 of 1), and r is
+  The sums are exact in the order written: xh*yh and p are within a factor 2 of each other, so
+  their difference is exact (Sterbenz); adding xh*yl gives e - xl*y, a multiple of 2**-34 below
+  2**-10 in magnitude (24 bits); adding xl*yh gives e - xl*yl, a multiple of 2**-34 below 2**-21;
+  adding xl*yl gives e, representable (a multiple of 2**-46 of at most 2**-23). Every product
+  and every sum is exact, so a backend that contracts a multiply and an add into an FMA computes
+  the same values. `_short_product`: x has at most 12 significant bits, so xl = 0 and the sum
+  stops after its second term.
+- `recip_bits`: q = fl32(1 / x) for x in [1, 2); with the exact product 2q * x = p + e,
+  2 - p is exact (Sterbenz: p is within 2**-22 of 2) and the remainder 2 - 2qx = (2 - p) - e is
   representable (the remainder of a correctly rounded quotient is), so its one rounding is exact.
-  r > 0 exactly when 1/x > q.
+  It is > 0 exactly when 1/x > q.
 - `round_bits(p, err, k)`: the float32 of (p + err) * 2**k, p = fl32(p + err) > 0 at p's own
   precision. If p * 2**k is in the normal range it is the answer (p is already rounded to 24 bits;
   the exponent is added on the bits). Below it the answer is the integer RNE(v + err * 2**n),
   n = k + 149, v = p * 2**n < 2**23 (the subnormal mantissa): v's ulp is at most 1/2 there, so
   every midpoint k + 1/2 lies on v's grid and the exact value is on v's side of every midpoint other
   than v itself; v rounds like the exact value unless v is a midpoint, where err's sign decides
-  (err == 0: to even). n is clamped at -4: below it the exact value is under 2**-152 and v under
+  (err == 0: to even; a non-zero err is at least 2**-48 here, so err * (v - r) keeps its sign,
+  normal). n is clamped at -4: below it the exact value is under 2**-152 and v under
   1/4, both round to 0. Overflow (exponent >= 128) gives Inf's bits.
 
 The integer routines stay the contract's reference; `tests/quant/test_exact_float.py` compares
