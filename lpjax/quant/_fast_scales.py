@@ -112,28 +112,20 @@ def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
   return fb.to_bits(s_enc_b), _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale)
 
 
-def _big_amax_t(amax_t_bits):
-  """(amax_t >= 2**64, the bits the decode product is formed with: amax_t * 2**-64 when big)."""
+def _exact_decode_multiplier(s_b, amax_t_bits):
+  """`_scales.nvfp4_decode_scale` (with a tensor scale) for any amax_t, the same bits:
+  h = fl32(s_b * amax_t) then fl32(h * fl32(1/2688)), both by `_exact_float` (subnormal results
+  included); amax_t >= 2**64 is used as amax_t * 2**-64 and the result scaled back; s_b itself
+  when amax_t == 0."""
+  s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
   big = amax_t_bits >= U32(sc.BIG_AMAX_T_BITS)
-  return big, jnp.where(big, amax_t_bits - U32(64 << 23), amax_t_bits)
-
-
-def _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits):
-  """`_scales.nvfp4_decode_scale`'s tail from h = fl32(s_b * amax_t'): fl32(h * fl32(1/2688)),
-  scaled back by 2**64 when amax_t is big, s_b itself when amax_t == 0."""
+  shift = U32(64 << 23)
+  h = xf.mul_bits(s_b_bits, jnp.where(big, amax_t_bits - shift, amax_t_bits),
+                  a_is_short_normal=True)
   g = xf.mul_bits(h, U32(sc.f32_const_bits(1.0 / 2688.0)))
   g_abs = g & U32(fb.ABS_MASK)
-  g = jnp.where(big & (g_abs != 0) & (g_abs < U32(fb.INF_BITS)), g + U32(64 << 23), g)
+  g = jnp.where(big & (g_abs != 0) & (g_abs < U32(fb.INF_BITS)), g + shift, g)
   return jnp.where(amax_t_bits == 0, s_b_bits, g)
-
-
-def _exact_decode_multiplier(s_b, amax_t_bits):
-  """`_scales.nvfp4_decode_scale` (with a tensor scale) for any amax_t, its products formed by
-  `_exact_float` (the same bits in far fewer operations)."""
-  s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
-  big, amax_t_prime = _big_amax_t(amax_t_bits)
-  h = xf.mul_bits(s_b_bits, amax_t_prime, a_is_short_normal=True)
-  return _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits)
 
 
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
@@ -143,13 +135,10 @@ def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   into every NVFP4 quantizer, so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
-  s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
-  t = xf.mul_bits(s_b_bits, recip_s_enc, a_is_short_normal=True)
+  t = xf.mul_bits(sc.decode_bits(s_b, "e4m3"), recip_s_enc, a_is_short_normal=True)
   s_enc_b = jnp.where(t == 0, U32(sc.FLT_MAX_BITS),
                       jnp.minimum(fb.recip_normal(t), U32(sc.FLT_MAX_BITS)))
-  big, amax_t_prime = _big_amax_t(amax_t_bits)
-  h = xf.mul_bits(s_b_bits, amax_t_prime, a_is_short_normal=True)
-  return s_enc_b, _exact_multiplier_from_product(h, big, s_b_bits, amax_t_bits)
+  return s_enc_b, _exact_decode_multiplier(s_b, amax_t_bits)
 
 
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
