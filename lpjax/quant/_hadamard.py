@@ -65,38 +65,50 @@ def normalizer(n: int, dtype) -> np.ndarray:
   return np.asarray(1.0 / np.sqrt(float(n)), dtype=dtype)
 
 
-# Butterfly levels computed per pass over the data: the first pass takes level h = 1 alone, each
-# later pass two levels (the last entry repeats). See `fwht`.
+# Butterfly levels computed per pass over the data, by where the transformed axis lies. Along the
+# last axis the first pass takes level h = 1 alone and each later pass two levels (the last entry
+# repeats); along an inner axis (rows of `post` contiguous elements) every pass takes two. See `fwht`.
 _LEVELS_PER_PASS = (1, 2)
+_LEVELS_PER_PASS_INNER = (2,)
 
 
-def fwht(xb):
-  """Unnormalized Walsh-Hadamard transform of the last axis (a power of two), by butterflies.
+def fwht(xb, axis: int = -1):
+  """Unnormalized Walsh-Hadamard transform along `axis` (its length a power of two), by butterflies.
 
   The log2(n) butterfly levels are grouped into passes: a pass of g levels takes each group of
   2^g elements (h apart) to their 2^g outputs in one expression, with exactly the additions and
   subtractions of the g levels one after the other, so the result is the same bit for bit. Each
   pass is one XLA fusion and one float32 array, so fewer passes mean fewer full-size float32
-  temporaries (on LLaMA-1B's backward they set the peak) and fewer trips through memory. The
-  first pass is a single level because XLA fuses the operand's producer (a transpose, the sign
-  flips, the bf16 -> f32 convert) into it, and a wider pass would read that producer 2^g times;
-  the later passes of two levels (4 reads per output) measured fastest on CPU.
+  temporaries (on LLaMA-1B's backward they set the peak) and fewer trips through memory.
+
+  The transform runs where the axis lies, without moving any data: along an inner axis the
+  pairs of a level are whole rows of contiguous elements, which vectorize well, so passes of two
+  levels are fastest; along the last axis the first pass is a single
+  level because XLA fuses the operand's producer (the sign flips, the bf16 -> f32 convert) into
+  it, and a wider pass would read that producer 2^g times; the later passes take two levels. A
+  transposed copy to bring the axis last would cost more than the transform (measured on CPU).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> fwht(jnp.array([1.0, 2.0, 3.0, 4.0])).tolist()  # H_4 @ x
     [10.0, -2.0, -4.0, 0.0]
+    >>> fwht(jnp.array([[1.0, 5.0], [2.0, 6.0], [3.0, 7.0], [4.0, 8.0]]), axis=0)[:, 1].tolist()
+    [26.0, -2.0, -4.0, 0.0]
   """
-  n = xb.shape[-1]
+  shape = xb.shape
+  axis = axis % xb.ndim
+  n = shape[axis]
+  per_pass = _LEVELS_PER_PASS if axis == xb.ndim - 1 else _LEVELS_PER_PASS_INNER
   h, done = 1, 0
   while h < n:
-    levels = _LEVELS_PER_PASS[min(done, len(_LEVELS_PER_PASS) - 1)]
+    levels = per_pass[min(done, len(per_pass) - 1)]
     done += 1
     k = 2  # the pass's group: 2^levels elements, h apart (fewer at the last level)
     while k < 2**levels and h * k < n:
       k *= 2
-    v = xb.reshape(xb.shape[:-1] + (n // (k * h), k, h))
-    parts = [v[..., i, :] for i in range(k)]
+    # Only the transformed axis is split (no axes merged), so a sharding of the others carries.
+    v = xb.reshape(shape[:axis] + (n // (k * h), k, h) + shape[axis + 1:])
+    parts = [jax.lax.index_in_dim(v, i, axis + 1, keepdims=False) for i in range(k)]
     step = 1
     while step < k:  # level h * step: pairs `step` apart within the group
       out = list(parts)
@@ -106,9 +118,9 @@ def fwht(xb):
           out[i], out[i + step] = a + b, a - b
       parts = out
       step *= 2
-    xb = jnp.stack(parts, axis=-2).reshape(xb.shape)
+    xb = jnp.stack(parts, axis=axis + 1)
     h *= k
-  return xb
+  return xb.reshape(shape)
 
 
 def positive_zeros(y):
@@ -146,11 +158,12 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
   signs = jnp.asarray(signs, compute)
   if signs.shape != (block,):
     raise ValueError(f"signs must have shape ({block},), got {signs.shape}.")
-  xm = jnp.moveaxis(x, axis, -1).astype(compute)
-  xb = xm.reshape(xm.shape[:-1] + (-1, block))
+  # Blocks viewed in place: (..., blocks, block, ...) along `axis`, the signs broadcast over it.
+  xb = x.astype(compute).reshape(x.shape[:axis] + (-1, block) + x.shape[axis + 1:])
+  signs = signs.reshape((block,) + (1,) * (x.ndim - 1 - axis))
   scale = jnp.asarray(normalizer(block, compute))
   if inverse:  # (H D)^T = D H: transform first, then the signs
-    yb = positive_zeros(fwht(xb) * scale) * signs
+    yb = positive_zeros(fwht(xb, axis + 1) * scale) * signs
   else:  # y = H (D x) for each block
-    yb = positive_zeros(fwht(xb * signs) * scale)
-  return jnp.moveaxis(yb.reshape(xm.shape), -1, axis).astype(x.dtype)
+    yb = positive_zeros(fwht(xb * signs, axis + 1) * scale)
+  return yb.reshape(x.shape).astype(x.dtype)

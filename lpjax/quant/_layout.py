@@ -10,6 +10,9 @@ Examples:
   >>> layout = GroupLayout.make(formats.get_format("mxfp4"), (3, 40), axis=-1)
   >>> layout.group(jnp.zeros((3, 40))).shape, layout.scale_shape
   ((3, 2, 32), (3, 2))
+  >>> inner = GroupLayout.make(formats.get_format("mxfp4"), (64, 5), axis=0)  # blocks in place
+  >>> inner.group(jnp.zeros((64, 5))).shape, inner.reduce_axes, inner.scale_shape
+  ((2, 32, 5), (-2,), (2, 5))
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 
 from lpjax.quant._packing import _normalize_axis
@@ -56,7 +60,7 @@ class GroupLayout:
       return tuple(range(len(self.shape)))
     if self.kind == "tile":
       return (-3, -1)
-    return (-1,)
+    return (self.axis - len(self.shape),)  # the within-block axis of the grouped view
 
   def _padded(self, n: int) -> int:
     return math.ceil(n / self.block) * self.block
@@ -71,11 +75,10 @@ class GroupLayout:
       a = jnp.pad(a, pad) if any(p for _, p in pad) else a
       b = self.block
       return a.reshape(a.shape[:-2] + (a.shape[-2] // b, b, a.shape[-1] // b, b))
-    a = jnp.moveaxis(a, self.axis, -1)
-    n = a.shape[-1]
+    ax, n = self.axis, self.shape[self.axis]
     if self._padded(n) != n:
-      a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, self._padded(n) - n)])
-    return a.reshape(a.shape[:-1] + (-1, self.block))
+      a = jnp.pad(a, [(0, self._padded(n) - n) if d == ax else (0, 0) for d in range(a.ndim)])
+    return a.reshape(a.shape[:ax] + (-1, self.block) + a.shape[ax + 1:])
 
   def ungroup(self, g):
     """Grouped view -> x's shape (padding dropped)."""
@@ -85,8 +88,9 @@ class GroupLayout:
       m, k = self.shape[-2:]
       a = g.reshape(g.shape[:-4] + (g.shape[-4] * g.shape[-3], g.shape[-2] * g.shape[-1]))
       return a[..., :m, :k]
-    a = g.reshape(g.shape[:-2] + (-1,))[..., :self.shape[self.axis]]
-    return jnp.moveaxis(a, -1, self.axis)
+    ax = self.axis
+    a = g.reshape(g.shape[:ax] + (-1,) + g.shape[ax + 2:])
+    return jax.lax.slice_in_dim(a, 0, self.shape[ax], axis=ax)
 
   # --- per-group values <-> public scales --------------------------------------------------------
 
@@ -107,7 +111,7 @@ class GroupLayout:
       return per_group.reshape(())
     if self.kind == "tile":
       return per_group[..., 0, :, 0]
-    return jnp.moveaxis(per_group[..., 0], -1, self.axis)
+    return jnp.squeeze(per_group, self.axis + 1)
 
   def scales_in(self, scales):
     """Public scales -> keepdims per-group values that broadcast over the grouped view."""
@@ -115,4 +119,4 @@ class GroupLayout:
       return scales.reshape((1,) * len(self.shape))
     if self.kind == "tile":
       return scales[..., :, None, :, None]
-    return jnp.moveaxis(scales, self.axis, -1)[..., None]
+    return jnp.expand_dims(scales, self.axis + 1)

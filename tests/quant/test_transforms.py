@@ -256,21 +256,28 @@ def _numpy_butterflies(x, block, signs):
   return y.reshape(x.shape)
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("passes", [(1,), (1, 2), (2,), (3, 2), (5,)])
 @pytest.mark.parametrize("block", [2, 16, 32, 128])
-def test_hadamard_bits_do_not_depend_on_levels_per_pass(monkeypatch, passes, block):
+def test_hadamard_bits_do_not_depend_on_levels_per_pass(monkeypatch, passes, block, axis):
   """Grouping butterfly levels into passes (one fusion each) computes the same additions in the
-  same order: bit-identical to the levels one at a time, for any grouping."""
+  same order: bit-identical to the levels one at a time, for any grouping, along the last axis
+  and along an inner axis (transformed in place, rows of contiguous elements)."""
   from lpjax.quant import _hadamard
   monkeypatch.setattr(_hadamard, "_LEVELS_PER_PASS", passes)
+  monkeypatch.setattr(_hadamard, "_LEVELS_PER_PASS_INNER", passes)
   rng = np.random.default_rng(block)
   x = (rng.standard_normal((6, 2 * block)) * 2.0**rng.integers(-20, 20, (6, 2 * block)))
   x = x.astype(np.float32)
   x[0, :block] = x[0, 0]  # a block of equal values: exact zeros, whose sign must be +0
   x[1, 3] = -0.0
   s = np.asarray(quant.random_signs(jax.random.key(block), block))
-  got = np.asarray(jax.jit(lambda v: quant.hadamard(v, block, signs=s))(jnp.asarray(x)))
   want = _numpy_butterflies(x, block, np.tile(s, 2))
+  if axis == 0:  # the same blocks, laid out down the columns of a (2 block, 6) array
+    got = jax.jit(lambda v: quant.hadamard(v, block, axis=0, signs=s))(jnp.asarray(x.T.copy()))
+    got = np.asarray(got).T
+  else:
+    got = np.asarray(jax.jit(lambda v: quant.hadamard(v, block, signs=s))(jnp.asarray(x)))
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
