@@ -27,17 +27,20 @@ def pack_fp4(codes, axis: int = -1):
   if codes.ndim == 0:
     raise ValueError("pack_fp4 needs an array with at least one axis.")
   axis = _normalize_axis(axis, codes.ndim)
-  codes = jnp.moveaxis(codes.astype(jnp.uint8), axis, -1)
-  n = codes.shape[-1]
+  codes = codes.astype(jnp.uint8) & 0xF
+  n = codes.shape[axis]
   if n % 2:
-    codes = jnp.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
-  pairs = (codes & 0xF).reshape(codes.shape[:-1] + (codes.shape[-1] // 2, 2))  # no -1: empty ok
-  # Each pair as one little-endian uint16 (element 2i the low byte): a contiguous, vectorizable
-  # pass instead of two strided reads per output byte. jnp's view keeps that byte order on every
-  # backend (it is defined on the host's little-endian layout, as numpy's .view is).
+    codes = jnp.pad(codes, [(0, 1) if d == axis else (0, 0) for d in range(codes.ndim)])
+  pairs = codes.reshape(codes.shape[:axis] + (codes.shape[axis] // 2, 2) + codes.shape[axis + 1:])
+  if axis < codes.ndim - 1:  # in place: the pair's two rows are contiguous runs
+    lo, hi = jnp.take(pairs, 0, axis=axis + 1), jnp.take(pairs, 1, axis=axis + 1)
+    return lo | (hi << 4)
+  # Along the last axis each pair as one little-endian uint16 (element 2i the low byte): a
+  # contiguous, vectorizable pass instead of two strided reads per output byte. jnp's view keeps
+  # that byte order on every backend (it is defined on the host's little-endian layout, as
+  # numpy's .view is).
   word = jax.lax.bitcast_convert_type(pairs, jnp.uint16)
-  packed = (word | (word >> 4)).astype(jnp.uint8)
-  return jnp.moveaxis(packed, -1, axis)
+  return (word | (word >> 4)).astype(jnp.uint8)
 
 
 def unpack_fp4(packed, n: int, axis: int = -1):
@@ -48,7 +51,6 @@ def unpack_fp4(packed, n: int, axis: int = -1):
   axis = _normalize_axis(axis, packed.ndim)
   if not 0 <= n <= 2 * packed.shape[axis]:
     raise ValueError(f"n={n} does not fit {packed.shape[axis]} packed bytes along axis {axis}.")
-  packed = jnp.moveaxis(packed, axis, -1)
-  nibbles = jnp.stack([packed & 0xF, packed >> 4], axis=-1)
-  nibbles = nibbles.reshape(packed.shape[:-1] + (2 * packed.shape[-1],))[..., :n]
-  return jnp.moveaxis(nibbles, -1, axis)
+  nibbles = jnp.stack([packed & 0xF, packed >> 4], axis=axis + 1)  # in place along any axis
+  shape = packed.shape[:axis] + (2 * packed.shape[axis],) + packed.shape[axis + 1:]
+  return jax.lax.slice_in_dim(nibbles.reshape(shape), 0, n, axis=axis)
