@@ -67,7 +67,7 @@ def normalizer(n: int, dtype) -> np.ndarray:
 
 # Butterfly levels computed per pass over the data, by where the transformed axis lies. Along the
 # last axis the first pass takes level h = 1 alone and each later pass two levels (the last entry
-# repeats); along an inner axis (rows of `post` contiguous elements) every pass takes two. See `fwht`.
+# repeats); along an inner axis (pairs of contiguous rows) every pass takes two. See `fwht`.
 _LEVELS_PER_PASS = (1, 2)
 _LEVELS_PER_PASS_INNER = (2,)
 
