@@ -173,7 +173,10 @@ def run_task(task: Task, args) -> dict:
 
   # Seeds of a row compile the same programs: the persistent cache compiles them once.
   cache = os.environ.get("LPJAX_JAX_CACHE_DIR")
-  use_compilation_cache(cache) if cache else use_compilation_cache()
+  if cache:
+    use_compilation_cache(cache)
+  else:
+    use_compilation_cache()
   config = config_of(task, args)
   run_records.write_run_json(task, run_key(config), run_machine.fingerprint())
   failed = os.path.join(task.workdir, "failed.json")

@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.metadata
 import os
@@ -61,12 +62,23 @@ def _version(package: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
+def usable_cores() -> int:
+  """The cores this process may run on, read once per process (at its first run).
+
+  XLA's CPU client sizes its thread pool when it starts, so pinning a running worker to fewer
+  cores later (`taskset`) does not change what its runs execute with: the first reading is the
+  one that describes them.
+  """
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 0
+
+
 def fingerprint() -> dict:
   """What decides the code XLA runs: CPU model, usable cores, GPUs, jax/jaxlib, platforms, flags."""
-  try:
-    cores = len(os.sched_getaffinity(0))
-  except AttributeError:  # not on Linux
-    cores = os.cpu_count() or 0
+  cores = usable_cores()
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith(_NEUTRAL_FLAG_PREFIXES)]
   return {"cpu": _cpu_model(), "cores": cores, "gpus": _gpu_models(), "jax": _version("jax"),

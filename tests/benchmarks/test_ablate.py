@@ -336,3 +336,18 @@ def test_report_only_writes_the_finished_runs_and_trains_nothing(tmp_path, capsy
   assert "+10.00%" in md
   for label in ("fp32_adam", "mxfp4_naive"):  # seed 1 was not trained
     assert not os.path.exists(os.path.join(out, "runs", "format", label, "seed1"))
+
+
+def test_fingerprint_keeps_the_cores_of_the_first_run(monkeypatch):
+  """A worker pinned to fewer cores after its XLA client started still runs with its first
+  thread count: the fingerprint keeps the first reading of the process."""
+  if not hasattr(os, "sched_getaffinity"):
+    pytest.skip("no CPU affinity on this platform")
+  run_machine.usable_cores.cache_clear()
+  try:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    first = run_machine.fingerprint()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert run_machine.fingerprint()["cores"] == first["cores"] == 4
+  finally:
+    run_machine.usable_cores.cache_clear()  # the other tests read this process's own cores
