@@ -46,7 +46,9 @@ subnormal inputs and results to zero, e.g. XLA:CPU, or may not, e.g. GPUs):
    subnormal: with M_c = M * 2**149 (exact: an integer below 2**49), P = fl32(value * M_c); if P >=
    2**23 the result is normal and its bits are P's minus 149 in the exponent field; otherwise, for
    the formats of `decodes`, P is exact and round(P) is the subnormal's mantissa, rounded to
-   nearest even as IEEE does (for M = 2**k, P is an integer already). A NaN product (NVFP4's
+   nearest even as IEEE does (for M = 2**k, P is an integer already; for elements wider than
+   e2m1, P may be rounded, so the subnormal is rounded from the exact product, formed as two exact
+   halves and Fast2Sum: `_round_even_of_sum`). A NaN product (NVFP4's
    M = inf times value 0) is made the canonical NaN.
 6. Groups with a NaN or Inf are masked with per-group AND / OR masks (codes 0, values NaN), not a
    per-element select, which LLVM turns into a branch that keeps XLA:CPU's loop scalar.
@@ -115,14 +117,15 @@ def supports(fmt, rounding: str) -> bool:
 
 
 def decodes(fmt) -> bool:
-  """Whether `apply_multiplier` is exact for fmt's values: e8m0 scales, or e2m1 elements.
+  """Whether the fast path decodes fmt's values (`apply_multiplier`): every float element.
 
-  Module docstring, 5: a subnormal product P = value * M * 2**149 must be exact in float32. With
-  M = 2**k it is a power-of-two scaling. For e2m1, value = c * 2**j with c in {1, 3} and j >= -1,
-  and M * 2**149 is an integer, so P < 2**23 implies c * M * 2**149 < 2**24: exact. Wider elements
-  (e4m3 with fp32 or ue4m3 scales) can need 27 bits there, so they decode with the exact codec.
+  Module docstring, 5: a subnormal product must be rounded from the exact value * M * 2**149.
+  With M = 2**k that is a power-of-two scaling. For e2m1 (value = c * 2**j, c in {1, 3}) the
+  product P < 2**23 is exact in float32. Wider elements (e4m3, e5m2, FP6: up to 4 significant
+  bits, so up to 28 bits in the product) pass `wide=True` and round it from two exact halves.
   """
-  return fmt.element.kind == "float" and (fmt.scale == "e8m0" or fmt.element.name == "e2m1")
+  return fmt.element.kind == "float"
+
 
 
 def _round_even(t):
@@ -226,15 +229,46 @@ def round_magnitude(v, element, rounding: str, *, negative, random_bits=None, no
   return code, jnp.minimum(q * _pow2(ulp_exp), jnp.float32(element.max_value))
 
 
-def apply_multiplier(value, m_c, shifted, *, power_of_two: bool):
+def _round_even_of_sum(value, m_c):
+  """round-half-even of the exact value * m_c (an integer-valued m_c < 2**49, value with at most
+  12 significant bits, the product below about 2**23), without its float32 rounding.
+
+  m_c = m_hi + m_lo, m_hi its top 12 significant bits: a = value * m_hi and b = value * m_lo are
+  exact (at most 24 bits each), |b| < |a|, so s = fl32(a + b) and err = b - (s - a) (Fast2Sum)
+  give a + b = s + err exactly, every operation on normal values (b >= 2**-16 * 2**-23 or 0).
+  s is the float nearest the true product t, so t and s round to the same integer unless s is a
+  tie (k + 1/2, representable below 2**23): then the sign of err decides. Contracting a product
+  into an FMA with the sum changes nothing, since the products are exact.
+  """
+  m_hi = fb.from_bits(fb.to_bits(m_c) & U32(0xFFFFF000))
+  m_lo = m_c - m_hi  # exact: the low 12 significand bits
+  a = value * m_hi
+  b = value * m_lo
+  s = a + b
+  err = b - (s - a)
+  fl = jnp.floor(s)
+  tie = (s - fl) == jnp.float32(0.5)
+  q = _round_even(s)
+  return jnp.where(tie & (err > 0), fl + 1, jnp.where(tie & (err < 0), fl, q))
+
+
+def apply_multiplier(value, m_c, shifted, *, power_of_two: bool, wide: bool = False):
   """float32 bits of fl32(value * M) for value >= 0 and `decode_factors` (m_c, shifted).
 
   power_of_two: M is a power of two (e8m0), so a subnormal product P is an exact integer already.
+  wide: values with more than 2 significant bits (every float element but e2m1): a subnormal
+  result is rounded from the exact product (`_round_even_of_sum`), since fl32(value * m_c) may
+  already be rounded.
   """
   p = value * m_c
   p_bits = fb.to_bits(p)
   subnormal = shifted & (p < jnp.float32(2.0 ** 23))
-  rounded = p if power_of_two else _round_even(p)
+  if power_of_two:
+    rounded = p
+  elif wide:
+    rounded = _round_even_of_sum(value, m_c)
+  else:
+    rounded = _round_even(p)
   normal = p_bits - jnp.where(shifted, U32(149 << 23), U32(0))
   return jnp.where(subnormal, rounded.astype(I32).astype(U32), normal)
 

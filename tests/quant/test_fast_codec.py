@@ -220,13 +220,40 @@ def test_nvfp4_decode_multiplier_near_flt_max_is_rescaled_on_both_paths():
   assert np.isfinite(np.asarray(values)).all()
 
 
-def test_fp8_per_tensor_wide_elements_decode_exactly():
-  """e5m2 values times a tiny fp32 scale: subnormal outputs need 27 bits, so decode is exact-codec."""
-  assert not fast.decodes(quant.get_format("fp8_e5m2"))
-  assert fast.decodes(quant.get_format("nvfp4")) and fast.decodes(quant.get_format("mxfp8_e5m2"))
-  rng = np.random.default_rng(1)
-  x = (rng.standard_normal((8, 64)) * 2.0 ** -128).astype(F32)
-  both(x, "fp8_e5m2")
+@pytest.mark.parametrize("fmt", ["fp8_e5m2", "fp8_e4m3", "mxfp6_e2m3:ue4m3"])
+@pytest.mark.parametrize("scale_exp", [-128, -120, -100, -95, -60])
+def test_wide_elements_decode_subnormal_products_exactly(fmt, scale_exp):
+  """e5m2 / e4m3 / e2m3 values times a tiny multiplier: a subnormal output can need up to 28
+  bits of the product, which fl32(value * M * 2**149) may already have rounded (double rounding).
+  The fast path rounds it from two exact halves; the reference multiplies as integers."""
+  if ":" in fmt:  # e2m3 elements with NVFP4-style ue4m3 scales and a tensor scale
+    fmt = quant.QuantFormat(element="e2m3", scale="ue4m3", block_size=16, tensor_scale=True)
+  assert fast.decodes(quant.get_format(fmt))
+  rng = np.random.default_rng(-scale_exp)
+  x = rng.standard_normal((16, 64)) * np.exp2(rng.integers(-6, 6, (16, 64)))
+  x = (x * 2.0 ** scale_exp).astype(F32)
+  _, _, values, _ = both(x, fmt)
+  assert np.count_nonzero(np.asarray(values)) > x.size // 2
+
+
+def test_round_even_of_sum_settles_ties_that_float32_rounding_made():
+  """value * m_c = k + 5/8 or k + 3/8 in [2**22, 2**23), where float32 steps are 1/2: fl32 gives
+  the tie k + 1/2, whose half-to-even rounding is wrong in one of the two; the exact product's
+  rounding is k + 1 and k. Also exact ties and plain cases, against float64 (exact here)."""
+  value = 1.125  # 9 / 8: e4m3 1.001b
+  cases = []
+  for frac, parity in ((5, 0), (3, 1)):  # k + 5/8 with k even, k + 3/8 with k odd
+    m = next(m for m in range(3728270, 3728270 + 64)
+             if (9 * m) % 8 == frac and ((9 * m) // 8) % 2 == parity)
+    cases.append(m)
+  round_sum = jax.jit(fast._round_even_of_sum)
+  for m in cases + [2**22 + 3, 2**21 + 1, 7 * 2**19 + 5]:
+    exact = np.float64(value) * np.float64(m)
+    assert exact < 2**23
+    got = float(round_sum(jnp.float32(value), jnp.float32(m)))
+    assert got == np.round(exact), (m, exact, got)
+  naive = [float(np.round(np.float32(value) * np.float32(m))) for m in cases]
+  assert naive != [float(np.round(np.float64(value) * m)) for m in cases]  # the double rounding
 
 
 def test_pack_fp4_is_little_endian_pairs():
