@@ -127,7 +127,6 @@ def decodes(fmt) -> bool:
   return fmt.element.kind == "float"
 
 
-
 def _round_even(t):
   """round-half-even of t >= 0 to an integer (float32), exactly (one IEEE roundeven).
 
