@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 
 import jax
@@ -47,7 +48,9 @@ def main():
   cases = []
   for name in args.formats.split(","):
     fmt = quant.get_format(name)
-    q_bytes = n * fmt.element.bits / 8 + n / fmt.block_size  # codes + one byte per block scale
+    scales = jax.eval_shape(lambda x, f=name: quant.quantize(x, f).scales, x)
+    # codes + the scales (a byte per block, or fp32 per tensor / channel)
+    q_bytes = n * fmt.element.bits / 8 + math.prod(scales.shape) * scales.dtype.itemsize
     for rounding in ("nearest_even", "stochastic"):
       tag = "RTN" if rounding == "nearest_even" else "SR"
       for reference in (False, True) if args.reference else (False,):
