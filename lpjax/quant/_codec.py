@@ -67,7 +67,7 @@ def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, ran
     return codes, None
   m_c, shifted = materialize(fast.decode_factors(m_bits), opaque_zero)
   out = fast.apply_multiplier(value, m_c, shifted, power_of_two=power_of_two,
-                              wide=element.name != "e2m1")
+                              wide=fast.is_wide(element))
   out = out | (x_bits & U32(fb.SIGN_MASK))
   out = (out & keep) | nan
   return codes, out if power_of_two else fast.canonical_nan(out)  # 2**k * value is never NaN
@@ -222,7 +222,7 @@ def _fast_decode(codes, m_bits, element, opaque_zero, power_of_two=False):
   (m_bits,) = materialize((m_bits,), opaque_zero)
   m_c, shifted = fast.decode_factors(m_bits)
   out = fast.apply_multiplier(fb.from_bits(value_bits & U32(fb.ABS_MASK)), m_c, shifted,
-                              power_of_two=power_of_two, wide=element.name != "e2m1")
+                              power_of_two=power_of_two, wide=fast.is_wide(element))
   out = out | (value_bits & U32(fb.SIGN_MASK))
   return out if power_of_two else fast.canonical_nan(out)
 

@@ -127,6 +127,12 @@ def decodes(fmt) -> bool:
   return fmt.element.kind == "float"
 
 
+def is_wide(element) -> bool:
+  """Whether element values have more than 2 significant bits (every float element but e2m1), so
+  a subnormal decode product needs `apply_multiplier(wide=True)` (module docstring, 5)."""
+  return element.name != "e2m1"
+
+
 def _round_even(t):
   """round-half-even of t >= 0 to an integer (float32), exactly (one IEEE roundeven).
 
@@ -255,8 +261,8 @@ def apply_multiplier(value, m_c, shifted, *, power_of_two: bool, wide: bool = Fa
   """float32 bits of fl32(value * M) for value >= 0 and `decode_factors` (m_c, shifted).
 
   power_of_two: M is a power of two (e8m0), so a subnormal product P is an exact integer already.
-  wide: values with more than 2 significant bits (every float element but e2m1): a subnormal
-  result is rounded from the exact product (`_round_even_of_sum`), since fl32(value * m_c) may
+  wide: values with more than 2 significant bits (`is_wide(element)`): a subnormal result is
+  rounded from the exact product (`_round_even_of_sum`), since fl32(value * m_c) may
   already be rounded.
   """
   p = value * m_c
