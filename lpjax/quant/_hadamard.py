@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpjax.quant import _rng
+from lpjax.quant._materialize import materialize, opaque_zero
 from lpjax.quant._packing import _normalize_axis
 
 
@@ -129,8 +131,13 @@ def positive_zeros(y):
 
 
 def random_signs(key, n: int) -> jax.Array:
-  """float32 ±1 of shape (n,), from `key`."""
-  return jnp.where(jax.random.bernoulli(key, 0.5, (n,)), 1.0, -1.0).astype(jnp.float32)
+  """float32 ±1 of shape (n,), from `key`: sign i is -1 where the top bit of
+  `lpjax.quant.random_bits(key, (n,))[i]` is set, +1 otherwise."""
+  bits = _rng.random_bits(key, (n,))
+  signs = jnp.where((bits >> 31) != 0, jnp.float32(-1.0), jnp.float32(1.0))
+  # Computed once: XLA would otherwise fuse the hash into every element of the transform.
+  (signs,) = materialize((signs,), opaque_zero(bits))
+  return signs
 
 
 def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -> jax.Array:

@@ -2,9 +2,9 @@
 
 `fake(x, op, axis=..., ...)` gives the values a quantized GEMM multiplies (in the compute dtype);
 `pack` / `unpack` split the same computation at the packed `QArray`, for the memory-saving
-residual mode, and give bit-identical values. Keys are derived deterministically from the GEMM's
+residual mode, and give bit-identical values. Keys are derived deterministically from the layer's
 key: `operand_key(key, "dgrad", LHS)` etc., and `hadamard_signs(key, gemm, block)` (shared by both
-operands of the GEMM).
+operands of the GEMM), each one `_rng.fold_in(key, 4 * gemm + slot)` (docs/numerics.md §7).
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _nvfp4_schemes as schemes, _ssp as ssp
+from lpjax.quant import _nvfp4_schemes as schemes, _rng, _ssp as ssp
 from lpjax.quant._quest import quest
 from lpjax.quant._hadamard import hadamard, random_signs
 from lpjax.quant._packing import unpack_fp4
@@ -38,24 +38,25 @@ from lpjax.quant._tables import decode_table
 
 GEMM_IDS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 LHS, RHS = 0, 1
-_SIGNS = 2  # fold_in index of a GEMM's Hadamard signs (operands use 0 and 1)
+_SIGNS = 2  # fold_in slot of a GEMM's Hadamard signs (operands use 0 and 1)
 _DEFAULT_SIGNS_SEED = 0x5EED  # fixed signs when no key is given (a deterministic RHT)
 
 
-def gemm_key(key, gemm: str):
-  """The key of one GEMM of the three (None stays None)."""
-  return None if key is None else jax.random.fold_in(key, GEMM_IDS[gemm])
+def _tag(gemm: str, slot: int) -> int:
+  """The `_rng.fold_in` tag of one GEMM's operand (slot LHS / RHS) or RHT signs (_SIGNS)."""
+  return 4 * GEMM_IDS[gemm] + slot
 
 
 def operand_key(key, gemm: str, side: int):
-  """The SR key of operand `side` (LHS / RHS) of `gemm`, derived from the layer's key."""
-  return None if key is None else jax.random.fold_in(gemm_key(key, gemm), side)
+  """The SR key of operand `side` (LHS / RHS) of `gemm`, derived from the layer's key: one
+  `_rng.fold_in` (a counter hash; Threefry's fold_in compiles to ten kernels a call)."""
+  return None if key is None else _rng.fold_in(key, _tag(gemm, side))
 
 
 def hadamard_signs(key, gemm: str, block: int):
   """The ±1 RHT signs of `gemm`, shared by both its operands; fixed signs when key is None."""
   base = jax.random.key(_DEFAULT_SIGNS_SEED) if key is None else key
-  return random_signs(jax.random.fold_in(gemm_key(base, gemm), _SIGNS), block)
+  return random_signs(_rng.fold_in(base, _tag(gemm, _SIGNS)), block)
 
 
 def rotate(x, block: int, axis: int, signs):

@@ -2,7 +2,10 @@
 
 The bits of element i depend only on the key and i's row-major flat index in the array's shape,
 never on how the work is split, so a Pallas kernel with any grid reproduces them exactly
-(docs/quant.md, "Rounding").
+(docs/quant.md, "Rounding"). The keys of a GEMM's operands and RHT signs are derived from the
+layer's key with the same kind of hash (`fold_in`, docs/numerics.md §7 "Keys"): a handful of
+integer operations, where `jax.random.fold_in`'s Threefry rounds compile to about ten XLA kernels
+per call, a tenth of an FP4 train step's compile time.
 
 Examples:
   >>> import jax
@@ -11,12 +14,16 @@ Examples:
   (dtype('uint32'), (2, 3))
   >>> bool((random_bits(jax.random.key(0), (6,)) == bits.reshape(6)).all())
   True
+  >>> [int(w) for w in key_words(fold_in(jax.random.key(0), 1))] != [0, 0]
+  True
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from lpjax.quant._materialize import materialize, opaque_zero
 
 U32 = jnp.uint32
 
@@ -73,3 +80,32 @@ def random_bits(key, shape) -> jax.Array:
   shape = tuple(int(d) for d in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
   k0, k1 = key_words(key)
   return hash_bits(flat_index(shape), k0, k1)
+
+
+_TAG_MULTIPLIER = 0x9E3779B1  # odd: distinct tags below 2**32 give distinct words
+_TAG_OFFSET = 0x632BE5AB
+_WORD_SALT = 0x2545F491
+
+
+def fold_in(key, data: int):
+  """A new key from `key` and the integer `data` (a GEMM or operand tag), by a counter hash:
+  t = fmix32(data * 0x9E3779B1 + 0x632BE5AB), a = fmix32(k0 ^ t), b = fmix32(k1 ^ a ^ 0x2545F491)
+  for the key's words (k0, k1) (`key_words`); the new key's words are (b, a). Returns a typed
+  threefry2x32 key, usable wherever a jax.random key is (`random_bits`, jax.random.*).
+  """
+  k0, k1 = key_words(key)
+  return jax.random.wrap_key_data(_fold_words(k0, k1, jnp.asarray(data, U32)), impl="threefry2x32")
+
+
+@jax.jit
+def _fold_words(k0, k1, tag):
+  """fold_in's words; jitted, so that each of a model's many derivations reuses one trace."""
+  t = fmix32(tag * U32(_TAG_MULTIPLIER) + U32(_TAG_OFFSET))
+  a = fmix32(k0 ^ t)
+  b = fmix32(k1 ^ a ^ U32(_WORD_SALT))
+  # Computed once: XLA would otherwise fuse these scalar hashes into every element's random bits.
+  # As one (2,) array: materializing the two scalars made a sharded program (the FSDP weight
+  # gather's test) abort now and then on XLA:CPU; the vector form never did in the same runs.
+  words = jnp.stack([b, a])
+  (words,) = materialize((words,), opaque_zero(words))
+  return words

@@ -1,7 +1,8 @@
 """The numpy reference of the quantized GEMMs (used by test_gemm.py and test_conv.py).
 
 `ref_operand` and `ref_gemms` re-derive the recipe contract independently: operand layout
-(contraction axis last), key derivation (fold_in by GEMM and operand), RHT signs, zero padding, the
+(contraction axis last), key derivation (lpjax's counter-hash fold_in by GEMM and operand, in
+numpy), RHT signs, zero padding, the
 3/4 SR pre-scale, the quantizers of the numpy oracles (numpy_oracle.py, nvfp4_scheme_oracle.py),
 QuEST's trust mask; the GEMMs are float64 numpy products of the compute-dtype operands.
 """
@@ -19,7 +20,7 @@ import numpy_oracle as O  # noqa: E402
 import nvfp4_scheme_oracle as S  # noqa: E402
 
 from lpjax.quant import _ssp as ssp  # noqa: E402
-from lpjax.quant._hadamard import hadamard, random_signs  # noqa: E402
+from lpjax.quant._hadamard import hadamard  # noqa: E402
 from lpjax.quant._quantize import random_bits  # noqa: E402
 from lpjax.quant._gemm_recipe import REUSE_FWD  # noqa: E402
 
@@ -40,9 +41,38 @@ def _sylvester(n):
   return h
 
 
+M32 = 0xFFFFFFFF
+
+
+def _fmix32(h):
+  """MurmurHash3's 32-bit finalizer on Python ints."""
+  h ^= h >> 16
+  h = (h * 0x85EBCA6B) & M32
+  h ^= h >> 13
+  h = (h * 0xC2B2AE35) & M32
+  return h ^ (h >> 16)
+
+
+def ref_fold_in(key, tag):
+  """Raw uint32 key data of lpjax's counter-hash fold_in(key, tag) (docs/numerics.md §7)."""
+  data = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                    else key, np.uint32).reshape(-1)
+  k0, k1 = int(data[0]), int(data[-1])
+  t = _fmix32((tag * 0x9E3779B1 + 0x632BE5AB) & M32)
+  a = _fmix32(k0 ^ t)
+  b = _fmix32(k1 ^ a ^ 0x2545F491)
+  return np.uint32([b, a])
+
+
+def ref_key(key, gemm, slot):
+  """Key data of operand `slot` (0 lhs, 1 rhs) or the RHT signs (2) of `gemm`: fold_in(key, 4g + slot)."""
+  return ref_fold_in(key, 4 * GEMM_ID[gemm] + slot)
+
+
 def ref_signs(key, gemm, block):
   base = jax.random.key(0x5EED) if key is None else key
-  return np.asarray(random_signs(jax.random.fold_in(jax.random.fold_in(base, GEMM_ID[gemm]), 2), block))
+  top = np.asarray(random_bits(ref_key(base, gemm, 2), (block,))) >> 31
+  return np.where(top != 0, -1.0, 1.0).astype(np.float32)
 
 
 def ref_rotate(x, block, signs):
@@ -70,7 +100,7 @@ def ref_operand(x, op, key, gemm, side, block):
   if op.scheme == "quest":
     return S.quest(x, op.format.block_size)[0]
   if op.scheme:
-    k = jax.random.fold_in(jax.random.fold_in(key, GEMM_ID[gemm]), side) if key is not None else None
+    k = ref_key(key, gemm, side) if key is not None else None
     if op.scheme == "four_over_six":
       return S.four_over_six(x, tile=op.format.tile, rounding=op.rounding, key=k)
     return S.ms_eden(x, group=op.hadamard_block, key=k)
@@ -81,7 +111,7 @@ def ref_operand(x, op, key, gemm, side, block):
   else:
     rbits = None
     if op.rounding == "stochastic":
-      k = jax.random.fold_in(jax.random.fold_in(key, GEMM_ID[gemm]), side)
+      k = ref_key(key, gemm, side)
       rbits = np.asarray(random_bits(k, x.shape))
     q = O.quantize(x, _oracle_fmt(op.fmt), axis=-1, rounding=op.rounding, scale_mode=op.scale_mode,
                    rbits=rbits)["values"]
