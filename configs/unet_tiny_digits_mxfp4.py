@@ -1,7 +1,7 @@
 """A tiny U-Net on the offline digits with the recommended diffusion recipe (E4M3-scaled FP4 +
 Stable-SPAM + clipping + full-precision validation). On a 2-core CPU, XLA takes about 2 minutes
 (AVX-512) to compile the step (35 quantized layers, each with six exact two-level-scale
-quantizers; 5.7x the bf16 step's compile on one core, docs/gemm.md "Cost on CPU"; older CPUs are
+quantizers; 4.9x the bf16 step's compile on one core, docs/gemm.md "Cost on CPU"; older CPUs are
 slower), once: train.py keeps the compiled step in JAX's persistent cache, so a resumed or repeated
 run loads it. `--config.quant.recipe=mxfp4_naive` compiles in well under a minute.
 
