@@ -2,9 +2,9 @@
 
 `ref_operand` and `ref_gemms` re-derive the recipe contract independently: operand layout
 (contraction axis last), key derivation (lpjax's counter-hash fold_in by GEMM and operand, in
-numpy), RHT signs, zero padding, the
-3/4 SR pre-scale, the quantizers of the numpy oracles (numpy_oracle.py, nvfp4_scheme_oracle.py),
-QuEST's trust mask; the GEMMs are float64 numpy products of the compute-dtype operands.
+numpy), RHT signs, zero padding, the 3/4 SR pre-scale, the quantizers of the numpy oracles
+(numpy_oracle.py, nvfp4_scheme_oracle.py), QuEST's trust mask; the GEMMs are float64 numpy
+products of the compute-dtype operands.
 """
 
 import os
