@@ -55,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lpjax.train import Trainer  # noqa: E402
+from timing import allocator  # noqa: E402  (benchmarks/timing.py)
 
 
 def load_config(path: str):
@@ -97,8 +98,8 @@ def measure(config_path: str, recipe: str, workdir: str) -> dict:
 
 def main():
   rows = []
-  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {ARGS.batch_size}; ratios to "
-        "the same model's bf16 row (same process)")
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {ARGS.batch_size}, "
+        f"{allocator()}; ratios to the same model's bf16 row (same process)")
   print("| model | recipe | compile s | x bf16 | first step s | x bf16 | step ms | x bf16 |")
   print("|---|---|---|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as tmp:

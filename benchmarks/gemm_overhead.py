@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from lpjax.quant import OperandQuant, dot_general, recipes
 from lpjax.quant import _operand as opq  # the operand quantizers the GEMMs use (no public API)
+from timing import allocator  # benchmarks/timing.py
 
 _DN = (((1,), (0,)), ((), ()))  # (tokens, d) x (d, f)
 
@@ -118,7 +119,8 @@ def main(argv=None):
   med = run(names, tokens=args.tokens, d=args.d, ff=args.ff, rounds=args.rounds)
   base = med["bf16"]
   print(f"SwiGLU MLP fwd+bwd, tokens={args.tokens} d={args.d} ff={args.ff}, bf16 inputs, "
-        f"{jax.devices()[0].platform} x{jax.device_count()}, median of {args.rounds} interleaved rounds")
+        f"{jax.devices()[0].platform} x{jax.device_count()}, median of {args.rounds} interleaved rounds, "
+        f"{allocator()}")
   print(f"{'recipe':<16} {'ms':>9} {'x bf16':>8}")
   for name in names:
     print(f"{name:<16} {med[name] * 1e3:9.2f} {med[name] / base:8.2f}")

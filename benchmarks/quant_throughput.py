@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from lpjax import quant
-from timing import median_seconds  # benchmarks/timing.py
+from timing import allocator, median_seconds  # benchmarks/timing.py
 
 
 def _compiled(fn, x, key, reference: bool):
@@ -70,7 +70,7 @@ def main():
   copy_gbs = 8 * n / statistics.median(copy_times) / 1e9
 
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {n} fp32 elements, "
-        f"median of {args.repeats}")
+        f"median of {args.repeats}, {allocator()}")
   print(f"| kernel | GB/s | vs copy |\n|---|---|---|\n| copy (-x) | {copy_gbs:.2f} | 1.00 |")
   result = {"elements": n, "copy_gbs": copy_gbs}
   for label, _, nbytes in cases:

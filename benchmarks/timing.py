@@ -18,3 +18,15 @@ def median_seconds(fn, *args, repeats: int, warmup: int = 1) -> float:
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def allocator() -> str:
+  """The C allocator setting that moves CPU timings, for the header of a benchmark's table.
+
+  With GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (as `make` sets it) XLA:CPU's per-call buffers come
+  in 2 MiB pages; without it, on a kernel whose huge pages are "madvise" only, every call faults
+  them in 4 KiB at a time (lpjax.train._process.cpu_allocator_hint).
+  """
+  import os
+
+  return f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}"

@@ -29,7 +29,7 @@ from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
 from lpjax.train._metrics import MetricWriter, Progress
 from lpjax.train._optimizers import learning_rate_schedule, make_optimizer
 from lpjax.train._precision import PrecisionController
-from lpjax.train._process import StopSignals, maybe_initialize_distributed
+from lpjax.train._process import StopSignals, cpu_allocator_hint, maybe_initialize_distributed
 from lpjax.train._results import read_results, write_results
 from lpjax.train._resume import StateMismatch, config_changes, flat_config, resolve_mismatch
 from lpjax.train import _step as step_lib
@@ -201,6 +201,9 @@ class Trainer:
   def _run(self, stop_after):
     c = self.config
     start_time = time.time()
+    hint = cpu_allocator_hint() if self.mesh.devices.flat[0].platform == "cpu" else None
+    if hint and self.is_main:
+      log.info(hint)
     state, meta = self.restore_or_init()
     done = self._results_if_complete(state)
     if done is not None:
