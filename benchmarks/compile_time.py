@@ -11,7 +11,9 @@ process:
   "compiled in N s");
 - `first_step_s`: the start of the trainer (task, model, optimizer), the initial state, the
   compile and one step, i.e. what a user waits for before the first loss appears;
-- `step_s`: the steady step time, the median of `--steps` further steps on the same batch.
+- `step_s`: the steady step time on the same batch, the median over `--steps` rounds, each round
+  one step of every recipe of the model in a rotating order (after all of them compiled), so that
+  the machine's drifts hit every row alike.
 Each figure is also given as a ratio to the same model's bf16 row, measured first in this
 process. JAX's persistent compilation cache is off, so nothing is reused across rows.
 """
@@ -39,7 +41,8 @@ def _parse():
   p.add_argument("--models", default="llama,unet,resnet", help="comma-separated of " + ",".join(MODELS))
   p.add_argument("--recipes", default="", help="comma-separated; default: each model's list")
   p.add_argument("--batch_size", type=int, default=16)
-  p.add_argument("--steps", type=int, default=10, help="steps timed for the steady step time")
+  p.add_argument("--steps", type=int, default=10,
+                 help="rounds (one step of every recipe each) timed for the steady step time")
   p.add_argument("--json", default="", help="also write the rows to this file")
   return p.parse_args()
 
@@ -67,8 +70,9 @@ def load_config(path: str):
   return module.get_config()
 
 
-def measure(config_path: str, recipe: str, workdir: str) -> dict:
-  """{compile_s, first_step_s, step_s} of the trainer of `config_path` with quant.recipe = recipe."""
+def measure(config_path: str, recipe: str, workdir: str):
+  """({compile_s, first_step_s}, one_step) for the trainer of `config_path` with quant.recipe =
+  recipe; one_step() runs one further step on the same batch and returns its wall time."""
   c = load_config(config_path)
   c.quant.recipe = recipe
   c.batch_size = ARGS.batch_size
@@ -86,14 +90,29 @@ def measure(config_path: str, recipe: str, workdir: str) -> dict:
   state, metrics = step(state, batch, key)
   jax.block_until_ready(metrics)
   first_step_s = time.perf_counter() - start
-  times = []
-  for _ in range(ARGS.steps):
+  held = {"state": state}
+
+  def one_step() -> float:
     t0 = time.perf_counter()
-    state, metrics = step(state, batch, key)
+    held["state"], metrics = step(held["state"], batch, key)
     jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - t0)
-  return {"compile_s": compile_s, "first_step_s": first_step_s,
-          "step_s": statistics.median(times) if times else float("nan")}
+    return time.perf_counter() - t0
+
+  return {"compile_s": compile_s, "first_step_s": first_step_s}, one_step
+
+
+def steady_step_seconds(one_steps: dict, rounds: int) -> dict:
+  """{recipe: median step time} over `rounds` rounds of one step of every recipe, in an order
+  that rotates by one each round (after one untimed step each)."""
+  names = list(one_steps)
+  for name in names:
+    one_steps[name]()
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    k = r % len(names)
+    for name in names[k:] + names[:k]:
+      times[name].append(one_steps[name]())
+  return {name: statistics.median(t) if t else float("nan") for name, t in times.items()}
 
 
 def main():
@@ -108,10 +127,16 @@ def main():
       recipes = (ARGS.recipes or default).split(",")
       if recipes[0] != "bf16":
         recipes = ["bf16"] + [r for r in recipes if r != "bf16"]
-      base = None
+      measured, one_steps = {}, {}
       for recipe in recipes:
-        r = measure(path, recipe, os.path.join(tmp, f"{model}_{recipe.replace(':', '_')}"))
-        base = base or r
+        measured[recipe], one_steps[recipe] = measure(
+            path, recipe, os.path.join(tmp, f"{model}_{recipe.replace(':', '_')}"))
+        print(f"{model} {recipe}: compiled in {measured[recipe]['compile_s']:.1f} s", file=sys.stderr,
+              flush=True)
+      steady = steady_step_seconds(one_steps, ARGS.steps)
+      base = dict(measured["bf16"], step_s=steady["bf16"])
+      for recipe in recipes:
+        r = dict(measured[recipe], step_s=steady[recipe])
         row = dict(model=model, recipe=recipe, **r,
                    compile_ratio=r["compile_s"] / base["compile_s"],
                    first_step_ratio=r["first_step_s"] / base["first_step_s"],
