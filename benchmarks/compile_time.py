@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -58,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lpjax.train import Trainer  # noqa: E402
-from timing import allocator  # noqa: E402  (benchmarks/timing.py)
+from timing import allocator, interleaved_medians  # noqa: E402  (benchmarks/timing.py)
 
 
 def load_config(path: str):
@@ -101,20 +100,6 @@ def measure(config_path: str, recipe: str, workdir: str):
   return {"compile_s": compile_s, "first_step_s": first_step_s}, one_step
 
 
-def steady_step_seconds(one_steps: dict, rounds: int) -> dict:
-  """{recipe: median step time} over `rounds` rounds of one step of every recipe, in an order
-  that rotates by one each round (after one untimed step each)."""
-  names = list(one_steps)
-  for name in names:
-    one_steps[name]()
-  times = {name: [] for name in names}
-  for r in range(rounds):
-    k = r % len(names)
-    for name in names[k:] + names[:k]:
-      times[name].append(one_steps[name]())
-  return {name: statistics.median(t) if t else float("nan") for name, t in times.items()}
-
-
 def main():
   rows = []
   print(f"jax {jax.__version__}, {jax.devices()[0].platform}, batch {ARGS.batch_size}, "
@@ -133,7 +118,9 @@ def main():
             path, recipe, os.path.join(tmp, f"{model}_{recipe.replace(':', '_')}"))
         print(f"{model} {recipe}: compiled in {measured[recipe]['compile_s']:.1f} s", file=sys.stderr,
               flush=True)
-      steady = steady_step_seconds(one_steps, ARGS.steps)
+      for one_step in one_steps.values():  # one untimed step each, then interleaved rounds
+        one_step()
+      steady = interleaved_medians(one_steps, ARGS.steps)
       base = dict(measured["bf16"], step_s=steady["bf16"])
       for recipe in recipes:
         r = dict(measured[recipe], step_s=steady[recipe])

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from lpjax.quant import OperandQuant, dot_general, recipes
 from lpjax.quant import _operand as opq  # the operand quantizers the GEMMs use (no public API)
-from timing import allocator  # benchmarks/timing.py
+from timing import allocator, interleaved_medians  # benchmarks/timing.py
 
 _DN = (((1,), (0,)), ((), ()))  # (tokens, d) x (d, f)
 
@@ -62,12 +62,8 @@ def run(names, *, tokens: int, d: int, ff: int, rounds: int, dtype=jnp.bfloat16)
   for name, step in steps.items():  # compile and warm up
     _time_once(step, params, x, key)
     _time_once(step, params, x, key)
-  times = {name: [] for name in names}
-  for r in range(rounds):
-    order = names[r % len(names):] + names[:r % len(names)]
-    for name in order:
-      times[name].append(_time_once(steps[name], params, x, key))
-  return {name: statistics.median(ts) for name, ts in times.items()}
+  return interleaved_medians(
+      {name: (lambda s=step: _time_once(s, params, x, key)) for name, step in steps.items()}, rounds)
 
 
 def quantizer_costs(*, tokens: int, ff: int, rounds: int = 9):

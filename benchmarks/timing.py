@@ -1,4 +1,5 @@
-"""Wall-clock timing shared by the benchmarks: the median of repeated, synchronized calls."""
+"""Wall-clock timing shared by the benchmarks: medians of repeated, synchronized calls (one
+function, or several interleaved), and the allocator setting that moves CPU timings."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ def median_seconds(fn, *args, repeats: int, warmup: int = 1) -> float:
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def interleaved_medians(timed: dict, rounds: int) -> dict:
+  """{name: median seconds} of the callables in `timed` (each runs once and returns its wall time),
+  over `rounds` rounds that run every callable once, in an order rotated by one each round, so
+  that a drift of the machine hits every entry alike."""
+  names = list(timed)
+  times = {name: [] for name in names}
+  for r in range(rounds):
+    k = r % len(names)
+    for name in names[k:] + names[:k]:
+      times[name].append(timed[name]())
+  return {name: statistics.median(t) if t else float("nan") for name, t in times.items()}
 
 
 def allocator() -> str:
