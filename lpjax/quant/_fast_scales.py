@@ -29,8 +29,12 @@ can make the intermediate products subnormal. Here:
   - decode multiplier fl32(fl32(s_b_val * amax_t) * fl32(1/2688)): >= 2**-120 when not 0; for
     amax_t >= 2**64 both paths form it at amax_t * 2**-64 and scale the result back by 2**64
     (exact: every intermediate is normal), so it never overflows.
-  Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) take the integer
-  routines for the tail (`lax.cond`, per tensor).
+  Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) take the exact
+  routines for the tail (`lax.cond`, per tensor). Once S_enc and amax_t are fixed, the tail
+  depends on a block only through its byte s_b, so that branch computes it for all 256 bytes
+  (`_tail_tables`) and each block looks its byte up: 256 entries of work per tensor whatever its
+  size, and, jitted on scalars, traced once per process instead of once per quantizer (tracing
+  the tail per quantizer was a third of an NVFP4 LLaMA step's lowering time).
 
 rceil. k = E(fl32(amax * c)) + (1 if that product is not a power of two), c = fl32(1 / max), i.e.
 k = ceil(log2(r)) of the correctly rounded (gradual-underflow) product r, clamped to [-127, 127].
@@ -131,8 +135,8 @@ def _exact_decode_multiplier(s_b, amax_t_bits):
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   """S_enc_b and the decode multiplier exactly as `_scales` computes them, for any amax_t: the
   products and 1 / S_enc (which can be subnormal here) by `_exact_float`, 1 / t by
-  `_fp32_bits.recip_normal` as `_scales.nvfp4_block_encode_scale` does. This branch is compiled
-  into every NVFP4 quantizer, so its operation count is compile time."""
+  `_fp32_bits.recip_normal` as `_scales.nvfp4_block_encode_scale` does. Compiled into every
+  NVFP4 quantizer (on the 256 entries of `_tail_tables`), so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
   t = xf.mul_bits(sc.decode_bits(s_b, "e4m3"), recip_s_enc, a_is_short_normal=True)
@@ -141,12 +145,53 @@ def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   return s_enc_b, _exact_decode_multiplier(s_b, amax_t_bits)
 
 
+# Every byte a scale can hold (s_b is 0 .. 0x7E; 0x7F marks a NaN group), the tail tables' index.
+_SCALE_BYTES = 256
+
+
+def _scale_bytes(amax_t_bits):
+  """0..255 as uint32, opaque to XLA (+ a run-time zero): a constant iota would let XLA fold the
+  integer routines over it at compile time, in every quantizer."""
+  return jnp.arange(_SCALE_BYTES, dtype=U32) + opaque_zero(amax_t_bits)
+
+
+@jax.jit
+def _tail_tables(s_enc_bits, amax_t_bits):
+  """(S_enc_b bits, decode multiplier bits) of this tensor for every scale byte 0..255, by
+  `_exact_tail`: once S_enc and amax_t are fixed, the tail depends on a block only through its
+  byte. Jitted on scalars, so it is traced once per process whatever the tensor's shape."""
+  return _exact_tail(_scale_bytes(amax_t_bits), s_enc_bits, amax_t_bits, True)
+
+
+@jax.jit
+def _decode_table(amax_t_bits):
+  """Decode multiplier bits of this tensor for every scale byte 0..255 (`_tail_tables`)."""
+  return _exact_decode_multiplier(_scale_bytes(amax_t_bits), amax_t_bits)
+
+
+def _look_up(table, s_b):
+  """table[s_b] per block: a gather from the 256-entry table (s_b holds one byte)."""
+  index = (s_b.astype(U32) & U32(_SCALE_BYTES - 1)).astype(jnp.int32)
+  return table.at[index].get(mode="promise_in_bounds")
+
+
+def _scalar(bits):
+  """A per-tensor value as a uint32 scalar (the tables' jit cache key is its shape)."""
+  return jnp.reshape(bits, ()).astype(U32)
+
+
+def _table_tail(s_b, s_enc_bits, amax_t_bits):
+  """The exact tail per block, looked up from the tensor's `_tail_tables`."""
+  enc_table, m_table = _tail_tables(_scalar(s_enc_bits), _scalar(amax_t_bits))
+  return _look_up(enc_table, s_b), _look_up(m_table, s_b)
+
+
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
   """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `_scales` computes them.
 
   s_enc_bits: from `encode_scale`. p and s_b are float32 for every tensor (c is always normal);
-  t, S_enc_b and the multiplier are float32 when `in_range(amax_t)` and `_scales`' integer
-  arithmetic otherwise (a `lax.cond`).
+  t, S_enc_b and the multiplier are float32 when `in_range(amax_t)`, and otherwise looked up per
+  block from the tensor's exact tail tables (a `lax.cond`).
   """
   if amax_t_bits is None:
     amax_t_bits = U32(0)
@@ -161,7 +206,7 @@ def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: boo
   s_enc_b, m_bits = jax.lax.cond(
       in_range(amax_t_bits),
       lambda s_b, s_b_val, s, a: _float_tail(s_b_val, s, a, True),
-      lambda s_b, s_b_val, s, a: _exact_tail(s_b, s, a, True),
+      lambda s_b, s_b_val, s, a: _table_tail(s_b, s, a),
       s_b, s_b_val, s_enc_bits, amax_t_bits)
   return s_b, s_enc_b, m_bits
 
@@ -174,7 +219,8 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
 
   if not use_tensor_scale:
     return float_path(s_b, U32(0))
-  return jax.lax.cond(in_range(amax_t_bits), float_path, _exact_decode_multiplier, s_b, amax_t_bits)
+  return jax.lax.cond(in_range(amax_t_bits), float_path,
+                      lambda s_b, a: _look_up(_decode_table(_scalar(a)), s_b), s_b, amax_t_bits)
 
 
 def _rceil_k(bits: int, c: fractions.Fraction) -> int:

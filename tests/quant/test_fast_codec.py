@@ -159,10 +159,11 @@ def test_nvfp4_tiny_tensor_subnormal_outputs():
 @pytest.mark.parametrize("log2_amax_t", [-95, -100, -101, -110, -114, -115, -116, -117, -120,
                                          -126, -127, -135, -149])
 def test_nvfp4_block_scales_across_the_tensor_range_boundary(log2_amax_t):
-  """amax_t on both sides of 2**-100 (the float tail's bound), where 1 / S_enc turns subnormal
-  (2688 * 2**-126) and where S_enc saturates at FLT_MAX (below 2688 / FLT_MAX): s_b comes from
-  float32 products for every tensor, t, S_enc_b and the multiplier from the float tail or the exact
-  one; each block spans amax_t down to subnormal elements, with quantized and given amax_t."""
+  """amax_t on both sides of 2**-100 (where the tail was float32 per block before the tail
+  tables), where 1 / S_enc turns subnormal (2688 * 2**-126) and where S_enc saturates at FLT_MAX
+  (below 2688 / FLT_MAX): s_b comes from float32 products for every tensor, t, S_enc_b and the
+  multiplier from the tensor's tail tables; each block spans amax_t down to subnormal elements,
+  with quantized and given amax_t."""
   amax_t = np.float32(2.0 ** log2_amax_t)
   rng = np.random.default_rng(-log2_amax_t)
   rows = []
@@ -260,3 +261,20 @@ def test_pack_fp4_is_little_endian_pairs():
   codes = jnp.asarray(np.array([[0x1, 0xF, 0x7, 0x8, 0x3]], np.uint8))
   assert [hex(int(b)) for b in quant.pack_fp4(codes)[0]] == ["0xf1", "0x87", "0x3"]
   assert quant.pack_fp4(codes.T, axis=0)[:, 0].tolist() == [0xF1, 0x87, 0x3]
+
+
+@pytest.mark.parametrize("amax_t", [0.0, 2.0**-120, 2.0**-100, 1.0, 3.0e38, np.inf])
+def test_nvfp4_decode_of_every_scale_byte_matches_the_reference(amax_t):
+  """The tail is a per-tensor table indexed by the scale byte: every unsigned e4m3 byte, the NaN
+  code 0x7F included, decodes every code as the integer reference does, for tensors whose tail
+  was float32 per block before (amax_t >= 2**-100) and for those that took the exact routines.
+  (Bytes with the sign bit set are no ue4m3 scale; the paths differ on them, as they did before.)"""
+  from lpjax.quant import _codec as codec
+  fmt = quant.get_format("nvfp4")
+  scales = jnp.arange(128, dtype=jnp.uint32).reshape(128, 1)
+  codes = jnp.tile(jnp.arange(16, dtype=jnp.uint32), (128, 1))
+  t = jnp.uint32(np.float32(amax_t).view(np.uint32))
+  outs = [jax.jit(lambda c, s, t, f=f: codec.decode(c, s, fmt, tensor_amax_bits=t, fast_path=f))(
+      codes, scales, t) for f in (True, False)]
+  np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
+  assert np.isnan(np.asarray(outs[0])[0x7F].view(F32)).all()  # the NaN scale byte
