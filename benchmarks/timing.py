@@ -3,6 +3,7 @@ function, or several interleaved), and the allocator setting that moves CPU timi
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -41,6 +42,4 @@ def allocator() -> str:
   in 2 MiB pages; without it, on a kernel whose huge pages are "madvise" only, every call faults
   them in 4 KiB at a time (lpjax.train._process.cpu_allocator_hint).
   """
-  import os
-
   return f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or '(unset)'}"

@@ -186,6 +186,11 @@ def _table_tail(s_b, s_enc_bits, amax_t_bits):
   return _look_up(enc_table, s_b), _look_up(m_table, s_b)
 
 
+def _table_multiplier(s_b, amax_t_bits):
+  """The exact decode multiplier per block, looked up from the tensor's `_decode_table`."""
+  return _look_up(_decode_table(_scalar(amax_t_bits)), s_b)
+
+
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
   """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `_scales` computes them.
 
@@ -219,8 +224,7 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
 
   if not use_tensor_scale:
     return float_path(s_b, U32(0))
-  return jax.lax.cond(in_range(amax_t_bits), float_path,
-                      lambda s_b, a: _look_up(_decode_table(_scalar(a)), s_b), s_b, amax_t_bits)
+  return jax.lax.cond(in_range(amax_t_bits), float_path, _table_multiplier, s_b, amax_t_bits)
 
 
 def _rceil_k(bits: int, c: fractions.Fraction) -> int:

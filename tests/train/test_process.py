@@ -6,6 +6,7 @@ import jax
 import pytest
 
 from lpjax.train import use_compilation_cache
+from lpjax.train._process import HUGEPAGE_TUNABLE, cpu_allocator_hint
 
 
 @pytest.fixture
@@ -33,8 +34,6 @@ def test_empty_turns_it_off_and_a_directory_already_set_wins(no_cache_dir, tmp_p
 
 
 # --- cpu_allocator_hint: when the glibc huge-page tunable is suggested -------------------------
-
-from lpjax.train._process import HUGEPAGE_TUNABLE, cpu_allocator_hint  # noqa: E402
 
 GLIBC = ("glibc", "2.36")
 
