@@ -48,7 +48,7 @@ from lpjax.data._cache import _atomic_save, cache_dir as default_cache_dir
 from lpjax.data._image_ops import (pad_crop, random_flip, random_resized_crop, resize_bilinear,
                                   resize_center_crop)
 from lpjax.data._imagenet100 import CLASS_SUBSETS
-from lpjax.data._tfds_builders import tfds_builder
+from lpjax.data._tfds_builders import array_record_hint, require_tfds, tfds_builder
 from lpjax.data._token_stream import process_rows, row_rng
 
 SOURCES = ("digits", "tfds")
@@ -263,7 +263,7 @@ def tfds_image_dataset(name: str, *, data_dir: str | None = None, image_size: in
                        classes: str = "", augment: bool = True,
                        cache_dir: str | None = None) -> ImageDataset:
   """A TFDS image dataset prepared as array_record (see the module docstring)."""
-  import tensorflow_datasets as tfds
+  tfds = require_tfds()  # names the package and its pip command where it is missing
 
   builder = _image_builder(name, data_dir)
   features = builder.info.features
@@ -280,7 +280,7 @@ def tfds_image_dataset(name: str, *, data_dir: str | None = None, image_size: in
   except Exception as e:
     raise FileNotFoundError(f"TFDS dataset {name!r} (splits {splits}) is not prepared as "
                             f"array_record ({type(e).__name__}: {e}). Prepare it once with:\n    "
-                            f"{_prepare_command(builder, data_dir)}") from e
+                            f"{_prepare_command(builder, data_dir)}{array_record_hint()}") from e
 
   split_objs, num_classes = [], len(names)
   if classes:

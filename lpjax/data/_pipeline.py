@@ -12,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 SOURCES = ("embedded", "text", "tfds")
@@ -58,11 +59,36 @@ def step_iterator(make_batch, *, start_step: int, num_steps: int | None = None,
   """Yields (step, make_batch(step)) from start_step on; grain threads compute `prefetch` ahead.
 
   `make_batch` must be a pure function of the step (so the order of computation does not matter).
+  Without grain (a stock GPU image), standard-library threads prefetch instead: the same batches.
   """
-  import grain
-
   stop = start_step + (num_steps if num_steps is not None else 2**62)
+  try:
+    import grain
+  except ImportError:
+    return _threaded_steps(make_batch, range(start_step, stop), prefetch)
   ds = grain.MapDataset.range(start_step, stop).map(lambda step: (step, make_batch(step)))
   if prefetch <= 0:
     return iter(ds)
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=prefetch)))
+
+
+def _threaded_steps(make_batch, steps, prefetch: int) -> Iterator[tuple[int, dict]]:
+  """(step, make_batch(step)) in step order, `prefetch` computed ahead by two threads."""
+  import collections
+  import concurrent.futures
+
+  steps = iter(steps)
+  if prefetch <= 0:
+    yield from ((step, make_batch(step)) for step in steps)
+    return
+  pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lpjax-batches")
+  try:
+    pending = collections.deque((s, pool.submit(make_batch, s)) for s in itertools.islice(
+        steps, prefetch))
+    while pending:
+      step, future = pending.popleft()
+      for s in itertools.islice(steps, 1):
+        pending.append((s, pool.submit(make_batch, s)))
+      yield step, future.result()
+  finally:  # a consumer that stops early leaves no batch computing behind it
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -24,7 +24,7 @@ import logging
 
 import numpy as np
 
-from lpjax.data._tfds_builders import tfds_builder
+from lpjax.data._tfds_builders import array_record_hint, tfds_builder
 from lpjax.data._token_stream import _split, process_rows, row_rng
 from lpjax.data._tokenizers import get_tokenizer
 
@@ -136,5 +136,5 @@ def _data_source(name, tokenizer, data_dir, train_split, eval_split, text_key) -
   except Exception as e:
     raise FileNotFoundError(f"TFDS dataset {name!r} (splits {train_split!r}, {eval_split!r}) is not "
                             f"prepared as array_record ({type(e).__name__}: {e}). Prepare it once "
-                            f"with:\n    {_prepare_hint(name, data_dir)}") from e
+                            f"with:\n    {_prepare_hint(name, data_dir)}{array_record_hint()}") from e
   return TfdsTextDataset(train, evaluation, get_tokenizer(tokenizer), text_key=text_key, name=name)

@@ -83,7 +83,8 @@ class MetricWriter:
         purge = None if not resume_step else resume_step + 1
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
       except ImportError:
-        logging.warning("tensorboardX is not installed; metrics go to metrics.jsonl only.")
+        logging.warning("tensorboardX is not installed; metrics go to metrics.jsonl only "
+                        "(pip install tensorboardX mirrors them to TensorBoard).")
 
   def write(self, step: int, scalars: dict):
     if not self.enabled:
