@@ -153,17 +153,17 @@ class Attention(nnx.Module):
     self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
     self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
 
-  def __call__(self, x, key):
+  def __call__(self, x, key, block):
     b, length, d = x.shape
-    keys = jax.random.split(key, 6)
+    site = lambda layer: layer.site_key(key, block)
     split = lambda t: constrain(t.reshape(b, length, self.heads, self.head_dim), _HEADS)
-    q = rope(split(self.q_proj(x, key=keys[0])), self.theta)
-    k = rope(split(self.k_proj(x, key=keys[1])), self.theta)
-    v = split(self.v_proj(x, key=keys[2]))
-    scores = self.attn_scores(q, k, key=keys[3])
+    q = rope(split(self.q_proj(x, key=site(self.q_proj))), self.theta)
+    k = rope(split(self.k_proj(x, key=site(self.k_proj))), self.theta)
+    v = split(self.v_proj(x, key=site(self.v_proj)))
+    scores = self.attn_scores(q, k, key=site(self.attn_scores))
     probs = _causal_softmax(scores, math.sqrt(self.head_dim)).astype(x.dtype)
-    out = self.attn_values(probs, v, key=keys[4]).reshape(b, length, d)
-    return self.o_proj(out, key=keys[5])
+    out = self.attn_values(probs, v, key=site(self.attn_values)).reshape(b, length, d)
+    return self.o_proj(out, key=site(self.o_proj))
 
 
 class MLP(nnx.Module):
@@ -174,10 +174,10 @@ class MLP(nnx.Module):
     self.down_proj = _dense(cfg, cfg.intermediate, cfg.hidden, rngs, out_std,
                             ("mlp", "embed"))
 
-  def __call__(self, x, key):
-    k = jax.random.split(key, 3)
-    h = _swiglu(self.gate_proj(x, key=k[0]), self.up_proj(x, key=k[1]))
-    return self.down_proj(constrain(h, _MLP), key=k[2])
+  def __call__(self, x, key, block):
+    site = lambda layer: layer.site_key(key, block)
+    h = _swiglu(self.gate_proj(x, key=site(self.gate_proj)), self.up_proj(x, key=site(self.up_proj)))
+    return self.down_proj(constrain(h, _MLP), key=site(self.down_proj))
 
 
 class Block(nnx.Module):
@@ -188,10 +188,10 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.mlp = MLP(cfg, rngs)
 
-  def __call__(self, x, key):
-    k1, k2 = jax.random.split(key)
-    x = constrain(x + self.attn(self.attn_norm(x), k1), _EMBED)
-    return constrain(x + self.mlp(self.mlp_norm(x), k2), _EMBED)
+  def __call__(self, x, key, block):
+    """`key`: the step's key; each GEMM folds in its path and `block` (QuantPolicy.site_key)."""
+    x = constrain(x + self.attn(self.attn_norm(x), key, block), _EMBED)
+    return constrain(x + self.mlp(self.mlp_norm(x), key, block), _EMBED)
 
 
 class Llama(nnx.Module):
@@ -239,17 +239,18 @@ class Llama(nnx.Module):
     if self.policy.pure:  # "pure" low precision: the embedding table is fake-quantized too
       table = _fake_quant_table(table, self.lm_head.active_recipe(), key)
     x = constrain(jnp.take(table, tokens, axis=0).astype(jnp.dtype(cfg.compute_dtype)), _EMBED)
-    keys = jax.random.split(key, cfg.layers + 1)
-    run_block = lambda blk, h, k: blk(h, k)
+    # Every GEMM's key is the step's key folded with its path and block index, the derivation the
+    # interception (`quant.quantize_model`) uses: a plain-Flax copy of this model gets the same bits.
+    run_block = lambda blk, h, i: blk(h, key, i)
     if cfg.remat:
       run_block = nnx.remat(run_block)
     if self.scanned:
       x = nnx.scan(run_block, in_axes=(0, nnx.Carry, 0), out_axes=nnx.Carry)(
-          self.layers, x, keys[:-1])
+          self.layers, x, jnp.arange(cfg.layers, dtype=jnp.int32))
     else:
       for i, block in enumerate(self.layers):
-        x = run_block(block, x, keys[i])
-    return self.norm(x), keys[-1]
+        x = run_block(block, x, i)
+    return self.norm(x), self.lm_head.site_key(key)
 
 
 def _fake_quant_table(table, recipe, key):

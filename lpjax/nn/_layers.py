@@ -57,6 +57,12 @@ class _Quantized(nnx.Module):
       return self.policy.recipe_for(self.path)
     return quant.get_recipe(self.recipe)
 
+  def site_key(self, key, block=None):
+    """This layer's key for one step's `key`: `QuantPolicy.site_key` of its path and `block` (the
+    derivation that the interception, `lpjax.quant.quantize_model`, gives the same GEMM)."""
+    policy = self.policy if self.policy is not None else QuantPolicy()
+    return policy.site_key(key, self.path, block)
+
   def _key(self, recipe: GemmRecipe, key):
     if key is not None or recipe.is_high_precision:
       return key

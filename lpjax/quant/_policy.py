@@ -50,7 +50,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import zlib
 from typing import Sequence, Union
+
+import jax
 
 from lpjax.quant import recipes
 from lpjax.quant._gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
@@ -167,15 +170,21 @@ class QuantPolicy:
       n = max(n, max(1, round(self.keep_last_fraction * self.num_blocks)))
     return n
 
-  def kept_high_precision(self, path) -> bool:
-    """True when the policy keeps the layer at `path` in high precision (steps 1-2)."""
+  def kept_high_precision(self, path, *, block: int | None = None) -> bool:
+    """True when the policy keeps the layer at `path` in high precision (steps 1-2).
+
+    `block`: the layer's block index when the path does not carry it (a layer of a scanned
+    stack of blocks, whose path names the stack once); None reads it from the path.
+    """
     if self.pure:
       return False
     path = path_str(path)
     if any(re.search(p, path) for p in self.keep_high_precision):
       return True
     keep_last = self.keep_last_blocks or self.keep_last_fraction
-    i = self.block_index(path) if (self.keep_first_blocks or keep_last) else None
+    i = None
+    if self.keep_first_blocks or keep_last:
+      i = block if block is not None else self.block_index(path)
     if i is not None:
       if keep_last and self.num_blocks is None:
         raise ValueError("keep_last_blocks / keep_last_fraction need num_blocks (the number of "
@@ -195,10 +204,50 @@ class QuantPolicy:
     m = re.search(self.block_pattern, path)
     return int(m.group(1)) if m else None
 
-  def recipe_for(self, path) -> GemmRecipe:
-    """The GemmRecipe of the layer at `path` (a "/"-joined string or a tuple of keys)."""
+  def canonical_path(self, path) -> str:
+    """`path` without its block index ("layers/3/mlp/up" -> "layers/mlp/up"): the name that a
+    layer shares with its copies in the other blocks, and that a scanned stack of blocks gives it.
+
+    Examples:
+      >>> QuantPolicy().canonical_path("layers/3/mlp/up"), QuantPolicy().canonical_path("lm_head")
+      ('layers/mlp/up', 'lm_head')
+    """
     path = path_str(path)
-    if self.kept_high_precision(path):
+    if self.block_paths:
+      return path
+    m = re.search(self.block_pattern, path)
+    if m is None:
+      return path
+    return re.sub(r"//+", "/", path[:m.start(1)] + path[m.end(1):]).strip("/")
+
+  def site_key(self, key, path, block=None):
+    """The random key of the GEMM at `path` in block `block` (an int, a traced index, or None:
+    read from the path) for one step's `key`: `key` folded with a hash of the canonical path,
+    then with the block index. lpjax's layers and the interception (`quantized`,
+    `quantize_model`) both derive their stochastic-rounding and RHT keys this way, so a model
+    gets the same bits whichever way its GEMMs are quantized, scanned or unrolled, and no two
+    sites share bits. None when `key` is None.
+
+    Examples:
+      >>> import jax
+      >>> p, k = QuantPolicy(), jax.random.key(0)
+      >>> bool((jax.random.key_data(p.site_key(k, "layers/2/mlp/up"))
+      ...       == jax.random.key_data(p.site_key(k, "layers/mlp/up", block=2))).all())
+      True
+    """
+    if key is None:
+      return None
+    path = path_str(path)
+    if block is None:
+      block = self.block_index(path)
+    key = jax.random.fold_in(key, zlib.crc32(self.canonical_path(path).encode()) & 0x7FFFFFFF)
+    return key if block is None else jax.random.fold_in(key, block)
+
+  def recipe_for(self, path, *, block: int | None = None) -> GemmRecipe:
+    """The GemmRecipe of the layer at `path` (a "/"-joined string or a tuple of keys); `block`
+    as in `kept_high_precision`."""
+    path = path_str(path)
+    if self.kept_high_precision(path, block=block):
       return recipes.get(self.high_precision)
     recipe = recipes.get(self._rule_or_default(path))
     if self.residuals and not recipe.is_high_precision and recipe.residuals != self.residuals:
