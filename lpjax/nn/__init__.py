@@ -11,7 +11,8 @@ Examples:
 """
 
 from lpjax.nn._layers import QUANTIZED_LAYERS, QConv, QDense, QEinsum, apply_policy
+from lpjax.nn._quantize_model import QuantizedLinen, QuantizedModel, quantize_model
 from lpjax.nn._sharding_hints import activation_sharding, constrain
 
-__all__ = ["QConv", "QDense", "QEinsum", "QUANTIZED_LAYERS", "activation_sharding", "apply_policy",
-           "constrain"]
+__all__ = ["QConv", "QDense", "QEinsum", "QUANTIZED_LAYERS", "QuantizedLinen", "QuantizedModel",
+           "activation_sharding", "apply_policy", "constrain", "quantize_model"]

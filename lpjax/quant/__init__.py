@@ -43,6 +43,8 @@ from lpjax.quant import recipes
 from lpjax.quant._conv import conv_general_dilated, conv_operand_stats
 from lpjax.quant._einsum import einsum, einsum_operand_stats
 from lpjax.quant._gemm import dot_general, operand_stats
+from lpjax.quant._intercept import collect_sites, quantize_model, quantized, report
+from lpjax.quant._intercept_sites import Report, Site
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 from lpjax.quant._operand import fake_quant_operand
 from lpjax.quant._policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
@@ -66,4 +68,6 @@ __all__ = [
     "RECIPE_NAMES", "REUSE_FWD", "conv_general_dilated", "conv_operand_stats", "dot_general",
     "einsum", "einsum_operand_stats", "fake_quant_operand", "gather_weight", "get_recipe",
     "operand_stats", "path_str", "recipes", "weight_sharding",
+    # any model or function by interception
+    "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
 ]

@@ -1,0 +1,108 @@
+"""The GEMM call sites that the interception finds: what each one is, and the report of a trace.
+
+A call site is one `dot_general` or `conv_general_dilated` of the traced function (`jnp.dot`,
+`@`, `jnp.einsum`, `jnp.matmul` and every Flax layer lower to these). Its path is the module
+path that the policy matches: the weight's parameter path without the leaf name ("layers/0/mlp/
+up_proj/kernel" -> "layers/0/mlp/up_proj") when one operand is a weight; for a product of two
+activations, the enclosing named scope (Flax linen's module path) or else the longest common
+module path of the weight GEMMs that feed it, followed by "attn_scores" for the first product
+of two activations of that scope and "attn_values" for one that consumes an earlier one's
+result (the attention rules of `QuantPolicy`, docs/numerics.md §7).
+
+Examples:
+  >>> s = Site(path="layers/0/mlp/up", op="dot_general", lhs_shape=(8, 64), rhs_shape=(64, 128),
+  ...          weight="rhs", weight_path="layers/0/mlp/up/kernel", block="0", recipe="mxfp4",
+  ...          status="quantized")
+  >>> print(Report((s,)))   # doctest: +NORMALIZE_WHITESPACE
+  path             op           lhs      rhs       weight  block  recipe  status
+  layers/0/mlp/up  dot_general  (8, 64)  (64, 128)  rhs    0      mxfp4   quantized
+  1 GEMM call sites: 1 quantized, 0 high precision, 0 unchanged
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+QUANTIZED, HIGH_PRECISION, UNCHANGED = "quantized", "high precision", "unchanged"
+# Leaf names a weight carries in Flax / Haiku / Equinox / plain pytrees ("layers/0/up/kernel").
+_LEAF_NAMES = ("kernel", "weight", "w", "embedding", "scale", "bias", "b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """One GEMM call site of a traced function and what the interception did with it."""
+
+  path: str  # the module path the policy matched (see the module docstring)
+  op: str  # "dot_general" or "conv_general_dilated"
+  lhs_shape: tuple  # shapes of the operands as the function passed them
+  rhs_shape: tuple
+  weight: str  # which operand is a parameter: "rhs", "lhs", "none" (two activations), "both"
+  weight_path: str | None  # the parameter's full path, when there is one
+  block: str  # block index: "3", "scan" (the iteration of a scan over stacked layers), "" (none)
+  recipe: str  # the recipe that ran (the policy's), or "" when the original op ran
+  status: str  # QUANTIZED, HIGH_PRECISION (a high-precision recipe ran) or UNCHANGED
+  reason: str = ""  # why a site kept its original op, or why the policy kept it high precision
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """Every GEMM call site of one traced call, in program order (`lpjax.quant.report`)."""
+
+  sites: tuple[Site, ...]
+
+  def by_status(self, status: str) -> tuple[Site, ...]:
+    return tuple(s for s in self.sites if s.status == status)
+
+  @property
+  def quantized(self) -> tuple[Site, ...]:
+    return self.by_status(QUANTIZED)
+
+  @property
+  def unchanged(self) -> tuple[Site, ...]:
+    return self.by_status(UNCHANGED)
+
+  def __str__(self) -> str:
+    head = ("path", "op", "lhs", "rhs", "weight", "block", "recipe", "status")
+    rows = [head] + [(s.path, s.op, str(s.lhs_shape), str(s.rhs_shape), s.weight, s.block,
+                      s.recipe, s.status + (f" ({s.reason})" if s.reason else ""))
+                     for s in self.sites]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    n = {st: len(self.by_status(st)) for st in (QUANTIZED, HIGH_PRECISION, UNCHANGED)}
+    lines.append(f"{len(self.sites)} GEMM call sites: {n[QUANTIZED]} quantized, "
+                 f"{n[HIGH_PRECISION]} high precision, {n[UNCHANGED]} unchanged")
+    return "\n".join(line.rstrip() for line in lines)
+
+  def _repr_pretty_(self, p, cycle):  # IPython / notebooks print the table
+    p.text(str(self))
+
+
+def module_path(weight_path: str) -> str:
+  """A parameter's path -> the path of the layer that owns it (its leaf name dropped)."""
+  head, _, leaf = weight_path.rpartition("/")
+  return head if head and leaf in _LEAF_NAMES else (head or weight_path)
+
+
+def common_path(paths: Sequence[str]) -> str:
+  """The longest common module path of `paths` ("a/b/q", "a/b/k" -> "a/b")."""
+  if not paths:
+    return ""
+  parts = [p.split("/") for p in paths]
+  prefix = os.path.commonprefix(parts)
+  if len(paths) == 1:  # one feeding layer: its parent is the scope
+    prefix = prefix[:-1]
+  return "/".join(prefix)
+
+
+def scope_of_name_stack(name_stack: str) -> str:
+  """A JAX name stack -> a module path: Flax linen's "Model/layers_0/attn" drops the root
+  module's class name; transform markers ("jvp(...)", "transpose(...)") are unwrapped."""
+  parts = []
+  for part in str(name_stack).split("/"):
+    while "(" in part and part.endswith(")"):
+      part = part[part.index("(") + 1:-1]
+    if part:
+      parts.append(part)
+  return "/".join(parts[1:]) if len(parts) > 1 else ""
