@@ -19,6 +19,10 @@ Examples:
 import types
 
 from lpjax.pallas import _native as native
+from lpjax.pallas._fp4_gemm import (block_partials as fp4_block_partials, fp4_dot_general,
+                                    fp4_matmul)
+from lpjax.pallas._fp4_gemm import compatible as _fp4_compatible
+from lpjax.pallas._fp4_gemm import gemm_format_reason as fp4_gemm_reason
 from lpjax.pallas._native import NATIVE_FORMATS, native_gemm_supported, native_matmul
 from lpjax.pallas._ops import dequantize, double_quantize, fake_quant, quantize
 from lpjax.pallas._rht import hadamard, hadamard_fake_quant, hadamard_quantize
@@ -27,10 +31,12 @@ from lpjax.quant._quantize import register_backend as _register_backend
 
 __all__ = [
     "NATIVE_FORMATS", "SUPPORTED_FORMATS", "check_supported", "dequantize", "double_quantize",
-    "fake_quant", "hadamard", "hadamard_fake_quant", "hadamard_quantize", "native",
+    "fake_quant", "fp4_block_partials", "fp4_dot_general", "fp4_gemm_reason", "fp4_matmul",
+    "hadamard", "hadamard_fake_quant", "hadamard_quantize", "native",
     "native_gemm_supported", "native_matmul", "quantize", "unsupported_reason",
 ]
 
 _register_backend("pallas", types.SimpleNamespace(
     unsupported=unsupported_reason, check_supported=check_supported, quantize=quantize,
-    dequantize=dequantize, fake_quant=fake_quant))
+    dequantize=dequantize, fake_quant=fake_quant, fp4_matmul=fp4_matmul,
+    fp4_gemm_reason=fp4_gemm_reason, fp4_gemm_compatible=_fp4_compatible))

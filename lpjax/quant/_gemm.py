@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _operand as opq, _weight_gather as wg
+from lpjax.quant import _gemm_kernel as gk, _operand as opq, _weight_gather as wg
 from lpjax.quant._hadamard import hadamard
 from lpjax.quant._quest import quest
 from lpjax.quant._operand import LHS, RHS
@@ -206,10 +206,12 @@ def _reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = Fal
   return y, axis
 
 
-def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_axes=None):
+def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_axes=None,
+              pack: bool = False):
   """The backward operand from a residual kept by `_residual` (QArray or high precision).
 
-  A packed weight residual (kept on its shards) is gathered as codes before it is unpacked.
+  A packed weight residual (kept on its shards) is gathered as codes before it is unpacked
+  (`pack`: not unpacked, for the FP4 GEMM kernel, `_gemm_kernel`).
   """
   op = getattr(recipe, gemm).operands()[side]
   if op == REUSE_FWD:
@@ -225,7 +227,7 @@ def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_a
   if op is None:
     return _operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
   res = wg.pin_qarray(res, w_axes, gathered=True) if w_axes is not None else res
-  return opq.unpack(res, op, recipe.compute_dtype or res.dtype), axis
+  return (res if pack else opq.unpack(res, op, recipe.compute_dtype or res.dtype)), axis
 
 
 # The backward operands that residuals="quantized" packs in the forward pass:
@@ -243,15 +245,19 @@ def _residual(x, which, key, recipe: GemmRecipe, w_axes=None):
   return _operand(x, gemm, side, axis, key, recipe, pack=True, w_axes=w_axes)
 
 
-def _mm_out(a_ax, b_ax, cfg: _Static):
+def _mm_out(a_ax, b_ax, cfg: _Static, kernel_gemm: str | None = None):
   (a, a_axis), (b, b_axis) = a_ax, b_ax
+  if kernel_gemm is not None:  # two packed QArrays, blocked along their last axes
+    return gk.matmul(a, b, cfg.recipe, kernel_gemm)
   return _mm(a, b, a_axis, b_axis, cfg)
 
 
 def _forward(lhs, rhs, key, cfg: _Static):
   r = cfg.recipe
-  w = _fwd_operand(rhs, RHS, key, r, w_axes=cfg.rhs_axes)
-  return _mm_out(_fwd_operand(lhs, LHS, key, r), w, cfg).astype(cfg.out_dtype)
+  kernel = gk.use_kernel(r, "fwd")
+  w = _fwd_operand(rhs, RHS, key, r, pack=kernel, w_axes=cfg.rhs_axes)
+  x = _fwd_operand(lhs, LHS, key, r, pack=kernel)
+  return _mm_out(x, w, cfg, "fwd" if kernel else None).astype(cfg.out_dtype)
 
 
 def _qgemm_fwd(lhs, rhs, key, cfg: _Static):
@@ -283,19 +289,20 @@ def _residual_axes(recipe: GemmRecipe):
 def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   (x_res, w_res), key = residuals
   r = cfg.recipe
+  kd, kw = gk.use_kernel(r, "dgrad"), gk.use_kernel(r, "wgrad")  # packed operands, the kernel
   # dgrad: dX = dY W^T, contraction over N.
-  dy_n = _operand(dy, "dgrad", LHS, -1, key, r)
+  dy_n = _operand(dy, "dgrad", LHS, -1, key, r, pack=kd)
   if r.residuals == "quantized":
     x_axis, w_axis = _residual_axes(r)
-    w_n = _unpacked(w_res, w_axis, "dgrad", RHS, key, r, cfg.rhs_axes)
-    x_m = _unpacked(x_res, x_axis, "wgrad", LHS, key, r)
+    w_n = _unpacked(w_res, w_axis, "dgrad", RHS, key, r, cfg.rhs_axes, pack=kd)
+    x_m = _unpacked(x_res, x_axis, "wgrad", LHS, key, r, pack=kw)
   else:
-    w_n = _operand(w_res, "dgrad", RHS, -1, key, r, w_axes=cfg.rhs_axes)
-    x_m = _operand(x_res, "wgrad", LHS, -2, key, r)
-  dx = _mm_out(dy_n, w_n, cfg)
+    w_n = _operand(w_res, "dgrad", RHS, -1, key, r, pack=kd, w_axes=cfg.rhs_axes)
+    x_m = _operand(x_res, "wgrad", LHS, -2, key, r, pack=kw)
+  dx = _mm_out(dy_n, w_n, cfg, "dgrad" if kd else None)
   # wgrad: dW = X^T dY, contraction over M; computed as (dY^T X)^T like jax's own transpose rule.
-  dy_m = _operand(dy, "wgrad", RHS, -2, key, r)
-  dw = jnp.swapaxes(_mm_out(dy_m, x_m, cfg), -1, -2)
+  dy_m = _operand(dy, "wgrad", RHS, -2, key, r, pack=kw)
+  dw = jnp.swapaxes(_mm_out(dy_m, x_m, cfg, "wgrad" if kw else None), -1, -2)
   if r.trust_masked:
     dx = _through_trust_mask(dx, x_res, LHS, key, r)
     dw = _through_trust_mask(dw, w_res, RHS, key, r)

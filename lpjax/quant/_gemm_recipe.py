@@ -212,6 +212,7 @@ class GemmRecipe:
   wgrad: GemmQuant = GemmQuant()  # dW = X^T dY; blocks along the tokens M
   compute_dtype: Any = None  # dtype the (fake-quantized) operands are fed to the GEMM in; None = as given
   residuals: str = "high_precision"  # "high_precision": keep X, W; "quantized": keep packed QArrays
+  gemm_impl: str = "auto"  # FP4 GEMMs: "xla" emulated, "pallas" the exact kernel, "auto" (_gemm_kernel)
   name: str = ""  # preset name, for printing and logging
 
   def __post_init__(self):
@@ -221,6 +222,8 @@ class GemmRecipe:
       object.__setattr__(self, "compute_dtype", np.dtype(jnp.dtype(self.compute_dtype)))
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"residuals must be one of {RESIDUAL_MODES}, got {self.residuals!r}.")
+    if self.gemm_impl not in ("auto", "xla", "pallas"):
+      raise ValueError(f"gemm_impl must be 'auto', 'xla' or 'pallas', got {self.gemm_impl!r}.")
     self._check_quest()
     fwd_rht = self.fwd.hadamard_block is not None
     reuses = any(op == REUSE_FWD or (isinstance(op, OperandQuant) and op.from_fwd

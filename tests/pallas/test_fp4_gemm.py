@@ -1,0 +1,357 @@
+"""The FP4 GEMM kernel (lpjax/pallas/_fp4_gemm.py) against independent numpy references.
+
+References, none of which runs lpjax's kernel code:
+- `np_partials`: every block's partial sum in int64 from the packed bytes (nibbles decoded by the
+  E2M1 table of docs/numerics.md §1);
+- `np_sequential`: the kernel's contract in numpy: exact block products (float64, then float32,
+  where the value is a normal float32 number), added in float32 in block order;
+- the float64 GEMM of lpjax's dequantized operands, within float32 accumulation error.
+Interpret mode on CPU (`INTERPRET = True`); with a GPU, `LPJAX_TEST_GPU=1` runs `TestCompiled`.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lpjax import pallas, quant
+from lpjax.pallas import _fp4_gemm as fg
+from lpjax.quant import recipes
+
+from tests.pallas.pallas_data import ON_GPU
+
+E2M1_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.int64)  # 2 * the E2M1 code points 0..7
+EPS32 = 2.0**-24
+
+
+# --------------------------------------------------------------------------- numpy references
+
+
+def np_values_x2(q):
+  """int64 2 * E2M1 values (..., K) from the packed bytes (low nibble first)."""
+  b = np.asarray(q.codes).astype(np.int64)
+  nib = np.stack([b & 15, b >> 4], -1).reshape(*b.shape[:-1], -1)[..., : q.shape[-1]]
+  v = E2M1_X2[nib & 7]
+  return np.where(nib >= 8, -v, v)
+
+
+def np_scales(q):
+  """float64 block scales (..., rows, n_blocks); 16x16 tiles repeated over their rows."""
+  s = np.asarray(q.scales).astype(np.int64)
+  if q.fmt.scale == "e8m0":
+    v = np.where(s == 255, np.nan, np.exp2(s - 127.0))
+  else:
+    e, m = (s >> 3) & 15, s & 7
+    v = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * np.exp2(e - 7.0))
+    v = np.where((s & 0x7F) == 0x7F, np.nan, v)
+  if q.fmt.tile:
+    v = np.repeat(v, q.fmt.block_size, axis=-2)[..., : q.shape[-2], :]
+  return v
+
+
+def _blocked(q):
+  b = q.fmt.block_size
+  v = np_values_x2(q)
+  nb = -(-q.shape[-1] // b)
+  v = np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, nb * b - v.shape[-1])])
+  return v.reshape(*v.shape[:-1], nb, b)
+
+
+def np_partials(qa, qb):
+  """(n_blocks, ..., M, N) int64 partial sums of (2a)(2b) per block."""
+  a, b = _blocked(qa), _blocked(qb)
+  return np.moveaxis(np.einsum("...mjk,...njk->...mnj", a, b), -1, 0)
+
+
+def np_tensor_factor(qa, qb):
+  def g(q):
+    if q.tensor_scale is None or float(q.tensor_scale) == 0:
+      return np.float32(1)
+    return np.float32(q.tensor_scale) * np.float32(1 / 2688)
+  return np.float32(g(qa) * g(qb))
+
+
+def np_sequential(qa, qb):
+  """float32: sum over blocks, in order, of the exact products P_j s_a s_b / 4; NVFP4: x g_a g_b."""
+  parts = np_partials(qa, qb)
+  sa, sb = np_scales(qa), np_scales(qb)
+  acc = np.zeros(parts.shape[1:], np.float32)
+  for j in range(parts.shape[0]):
+    exact = parts[j] * sa[..., :, None, j] * sb[..., None, :, j] / 4  # exact in float64
+    acc = (acc + exact.astype(np.float32)).astype(np.float32)
+  if qa.tensor_scale is not None or qb.tensor_scale is not None:
+    acc = (acc * np_tensor_factor(qa, qb)).astype(np.float32)
+  return acc
+
+
+def np_float64(qa, qb):
+  """(float64 GEMM of lpjax's dequantized values, float64 sum of |a||b| for the error bound)."""
+  a = np.asarray(quant.dequantize(qa, impl="xla"), np.float64)
+  b = np.asarray(quant.dequantize(qb, impl="xla"), np.float64)
+  return a @ np.swapaxes(b, -1, -2), np.abs(a) @ np.swapaxes(np.abs(b), -1, -2)
+
+
+def assert_within_f32_accumulation(y, qa, qb, extra_ulps=6):
+  """|y - float64| <= (n_blocks + extra) eps32 sum|a||b|: float32 accumulation over the blocks
+  (plus NVFP4's rounded decode multipliers in lpjax's dequantized values and the final scaling)."""
+  ref, mag = np_float64(qa, qb)
+  nb = -(-qa.shape[-1] // qa.fmt.block_size)
+  bound = (nb + extra_ulps) * EPS32 * mag + 1e-37
+  err = np.abs(np.asarray(y, np.float64) - ref)
+  assert np.all(err <= bound), f"max error {err.max()} vs bound {bound[err > bound].min()}"
+
+
+# --------------------------------------------------------------------------- data
+
+
+def quantized(shape, fmt, seed, *, exponents=(-4, 4), scale=1.0, zero_rows=(), axis=-1):
+  """quant.quantize of heavy-tailed data with a random power-of-two magnitude per block."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_t(4, size=shape) * np.exp2(rng.integers(*exponents, size=shape)) * scale
+  x = x.astype(np.float32)
+  for r in zero_rows:
+    np.moveaxis(x, axis, -1)[..., r, :] = 0.0
+  return quant.quantize(jnp.asarray(x), fmt, axis=axis, impl="xla")
+
+
+def e2m1_exact(shape, seed, block=32):
+  """E2M1 values with a +-6 in every block along both axes: quantized losslessly (scale 1)."""
+  rng = np.random.default_rng(seed)
+  vals = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+  x = vals[rng.integers(0, 8, size=shape)] * rng.choice([-1.0, 1.0], size=shape)
+  i, j = np.indices(shape[-2:])
+  x[..., (i + j) % block == 0] = 6.0
+  return jnp.asarray(x, jnp.float32)
+
+
+FORMATS = ["mxfp4", "nvfp4"]
+SHAPES = [(1, 1, 16), (5, 19, 70), (37, 45, 96), (16, 16, 33)]
+
+
+class TestInterpret:
+  INTERPRET = True
+
+  def setup_method(self):
+    if not self.INTERPRET and not ON_GPU:
+      pytest.skip("the compiled kernel needs a GPU (LPJAX_TEST_GPU=1)")
+
+  def mm(self, a, b, **kw):
+    return pallas.fp4_matmul(a, b, interpret=self.INTERPRET, **kw)
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  @pytest.mark.parametrize("m,n,k", SHAPES)
+  def test_block_partials_equal_int64(self, fmt, m, n, k):
+    qa, qb = quantized((m, k), fmt, 1), quantized((n, k), fmt, 2)
+    got = pallas.fp4_block_partials(qa, qb, interpret=self.INTERPRET)
+    want = np_partials(qa, qb)
+    assert got.dtype == jnp.int32 and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got, np.int64), want)
+    assert np.abs(want).max() <= qa.fmt.block_size * 144
+
+  def test_block_partials_reach_the_bound(self):
+    # All codes +-6 (2a = 12): every partial sum is exactly +-32 * 144 = 4608, still int32-exact.
+    x = jnp.full((16, 64), 6.0).at[::2].set(-6.0)
+    qa, qb = quant.quantize(x, "mxfp4", impl="xla"), quant.quantize(jnp.full((16, 64), 6.0), "mxfp4")
+    for dot_dtype in fg.DOT_DTYPES:
+      got = np.asarray(pallas.fp4_block_partials(qa, qb, interpret=self.INTERPRET,
+                                                 dot_dtype=dot_dtype))
+      assert set(np.unique(got)) == {-4608, 4608}
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  @pytest.mark.parametrize("m,n,k", SHAPES)
+  def test_equals_sequential_float32_of_exact_block_products(self, fmt, m, n, k):
+    qa, qb = quantized((m, k), fmt, 3, zero_rows=(0,)), quantized((n, k), fmt, 4)
+    y = self.mm(qa, qb, tile=(16, 16))  # several tiles along M and N
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+    assert_within_f32_accumulation(y, qa, qb)
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  @pytest.mark.parametrize("name,kw", [
+      ("tiny", dict(scale=2.0**-50, exponents=(-8, 8))),
+      ("large", dict(scale=2.0**50, exponents=(-8, 8))),
+      ("spread", dict(exponents=(-30, 30))),
+  ])
+  def test_scales_tiny_large_and_spread(self, fmt, name, kw):
+    qa, qb = quantized((20, 200), fmt, 5, **kw), quantized((24, 200), fmt, 6, **kw)
+    y = self.mm(qa, qb)
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+    assert_within_f32_accumulation(y, qa, qb)
+
+  def test_mxfp4_products_below_float32_range_flush_as_float32_does(self):
+    # Scales 2^-70 x 2^-70: every product is below 2^-126; the float32 result is 0 (or a
+    # subnormal), within float32's absolute resolution of the float64 value.
+    qa = quantized((16, 64), "mxfp4", 7, scale=2.0**-68, exponents=(0, 1))
+    qb = quantized((16, 64), "mxfp4", 8, scale=2.0**-68, exponents=(0, 1))
+    y = np.asarray(self.mm(qa, qb))
+    ref, _ = np_float64(qa, qb)
+    assert np.abs(ref).max() > 0 and np.all(np.abs(y - ref) <= 2.0**-126)
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  def test_zeros(self, fmt):
+    qa = quant.quantize(jnp.zeros((16, 64)), fmt, impl="xla")
+    qb = quantized((16, 64), fmt, 9)
+    y = self.mm(qa, qb)
+    assert np.all(np.asarray(y) == 0)
+
+  def test_nvfp4_per_tensor_scales_apply_once(self):
+    qa = quantized((16, 48), "nvfp4", 10, scale=1e-3)
+    qb = quantized((32, 48), "nvfp4", 11, scale=3e4)
+    assert float(qa.tensor_scale) != float(qb.tensor_scale)
+    y = self.mm(qa, qb)
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+    assert_within_f32_accumulation(y, qa, qb)
+    # Without the per-tensor factor the result would be off by g_a g_b.
+    assert abs(float(np_tensor_factor(qa, qb)) - 1) > 0.5
+
+  def test_nvfp4_16x16_tiles_pair_with_rows(self):
+    qa = quantized((19, 70), "nvfp4", 12)
+    qb = quant.quantize(jax.random.normal(jax.random.key(0), (40, 70)), "nvfp4_16x16", impl="xla")
+    y = self.mm(qa, qb)
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+    assert_within_f32_accumulation(y, qa, qb)
+
+  def test_nan_block_makes_its_outputs_nan(self):
+    x = np.ones((16, 64), np.float32)
+    x[3, 40] = np.nan
+    qa = quant.quantize(jnp.asarray(x), "mxfp4", impl="xla")
+    y = np.asarray(self.mm(qa, quantized((16, 64), "mxfp4", 13)))
+    assert np.isnan(y[3]).all() and not np.isnan(np.delete(y, 3, 0)).any()
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  def test_dot_dtypes_and_bf16_output(self, fmt):
+    qa, qb = quantized((16, 96), fmt, 14), quantized((32, 96), fmt, 15)
+    y = self.mm(qa, qb, dot_dtype="int8")
+    np.testing.assert_array_equal(np.asarray(self.mm(qa, qb, dot_dtype="bfloat16")), np.asarray(y))
+    yb = self.mm(qa, qb, out_dtype=jnp.bfloat16)
+    assert yb.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(yb), np.asarray(y.astype(jnp.bfloat16)))
+
+  def test_batched(self):
+    qa = quantized((3, 9, 64), "mxfp4", 16)
+    qb = quantized((3, 17, 64), "mxfp4", 17)
+    y = self.mm(qa, qb)
+    assert y.shape == (3, 9, 17)
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+
+  @pytest.mark.parametrize("fmt", FORMATS)
+  def test_dot_general_transposes_and_batch_dims(self, fmt):
+    # lhs (K, M) blocked along axis 0 (transposed), rhs (K, N) blocked along axis 0 (NN layout).
+    qa = quantized((70, 9), fmt, 18, axis=0)
+    qb = quantized((70, 21), fmt, 19, axis=0)
+    y = pallas.fp4_dot_general(qa, qb, (((0,), (0,)), ((), ())), interpret=self.INTERPRET)
+    a = np.asarray(quant.dequantize(qa), np.float64)
+    b = np.asarray(quant.dequantize(qb), np.float64)
+    ref, mag = a.T @ b, np.abs(a).T @ np.abs(b)
+    assert y.shape == (9, 21)
+    assert np.all(np.abs(np.asarray(y) - ref) <= 12 * EPS32 * mag + 1e-37)
+    # Batch dims in different places: lhs (B, K, M) blocked along 1, rhs (N, B, K) along 2.
+    qa = quantized((2, 48, 5), fmt, 20, axis=1)
+    qb = quantized((7, 2, 48), fmt, 21, axis=2)
+    y = pallas.fp4_dot_general(qa, qb, (((1,), (2,)), ((0,), (1,))), interpret=self.INTERPRET,
+                               preferred_element_type=jnp.bfloat16)
+    a = np.asarray(quant.dequantize(qa), np.float64)
+    b = np.asarray(quant.dequantize(qb), np.float64)
+    want = jax.lax.dot_general(a, b, (((1,), (2,)), ((0,), (1,))))
+    assert y.shape == want.shape == (2, 5, 7) and y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float64), np.asarray(want), rtol=2**-8, atol=1e-30)
+
+  def test_rejects_what_it_cannot_multiply(self):
+    qa = quantized((16, 64), "mxfp4", 22)
+    with pytest.raises(ValueError, match="same element, block and scale"):
+      self.mm(qa, quantized((16, 64), "nvfp4", 23))
+    with pytest.raises(NotImplementedError, match="e2m1"):
+      self.mm(quantized((16, 64), "mxfp8_e4m3", 24), quantized((16, 64), "mxfp8_e4m3", 25))
+    with pytest.raises(ValueError, match="last"):
+      self.mm(quantized((64, 16), "mxfp4", 26, axis=0), qa)
+    with pytest.raises(ValueError, match="contracted along axis"):
+      pallas.fp4_dot_general(qa, qa, (((0,), (0,)), ((), ())), interpret=self.INTERPRET)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU: LPJAX_TEST_GPU=1 pytest tests/pallas")
+class TestCompiled(TestInterpret):
+  INTERPRET = False
+
+
+# --------------------------------------------------------------------------- the GEMM path
+
+
+DN = (((1,), (0,)), ((), ()))
+
+
+def _with(name, **kw):
+  return dataclasses.replace(recipes.get(name), **kw)
+
+
+def _value_and_grads(recipe, x, w, key=None):
+  f = lambda x, w: (quant.dot_general(x, w, DN, recipe, key=key) * jnp.arange(w.shape[1])).sum()
+  return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
+
+
+def test_recipe_option_selects_the_passes_with_two_fp4_operands():
+  from lpjax.quant import _gemm_kernel as gk
+  use = lambda r: [gk.use_kernel(r, g) for g in ("fwd", "dgrad", "wgrad")]
+  assert use(_with("mxfp4", gemm_impl="pallas")) == [True, True, True]
+  assert use(_with("nvfp4", gemm_impl="pallas")) == [True, True, True]  # W's 16x16 tiles pair
+  assert use(_with("quartet", gemm_impl="pallas")) == [False, True, True]  # QuEST forward
+  assert use(_with("mxfp4_bwd", gemm_impl="pallas")) == [False, True, True]  # bf16 forward
+  assert use(_with("ssp_fp4", gemm_impl="pallas")) == [False, False, False]
+  assert use(_with("mxfp8", gemm_impl="pallas")) == [False, False, False]
+  assert use(_with("mxfp4", gemm_impl="xla")) == [False, False, False]
+  assert use(recipes.get("mxfp4")) == [False, False, False]  # "auto": nothing measured yet
+  assert recipes.get("mxfp4").gemm_impl == "auto"
+  with pytest.raises(ValueError, match="gemm_impl"):
+    _with("mxfp4", gemm_impl="triton")
+
+
+def test_gemm_path_bit_identical_where_every_float32_sum_is_exact():
+  # E2M1-valued operands are quantized losslessly by MXFP4 RTN along any axis (dY = the
+  # arange weights of the loss is rounded alike in both paths). Every product is then a multiple
+  # of 1/4 and every sum stays far below 2^24 quarters, so any summation order gives the exact
+  # result: forward, dgrad and wgrad of the kernel path equal the emulated GEMM's bit for bit.
+  x, w = e2m1_exact((64, 96), 30), e2m1_exact((96, 8), 31)
+  got = _value_and_grads(_with("mxfp4_naive", gemm_impl="pallas"), x, w)
+  want = _value_and_grads(_with("mxfp4_naive", gemm_impl="xla"), x, w)
+  for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+  # and both equal the exact float64 product of the (lossless) operands
+  y = quant.dot_general(x, w, DN, _with("mxfp4_naive", gemm_impl="pallas"))
+  np.testing.assert_array_equal(np.asarray(y, np.float64),
+                                np.asarray(x, np.float64) @ np.asarray(w, np.float64))
+
+
+def test_gemm_path_single_block_bit_identical_to_emulated():
+  # K = 32: one block, one exact product per output, whatever the scales.
+  x = jax.random.normal(jax.random.key(0), (24, 32)) * jnp.exp2(
+      jax.random.randint(jax.random.key(1), (24, 1), -20, 20).astype(jnp.float32))
+  w = jax.random.normal(jax.random.key(2), (32, 16))
+  dn = DN
+  f = lambda impl: quant.dot_general(x, w, dn, _with("mxfp4_naive", gemm_impl=impl))
+  np.testing.assert_array_equal(np.asarray(f("pallas")), np.asarray(f("xla")))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "quartet"])
+def test_gemm_path_matches_emulated_in_float32(name):
+  # With compute_dtype=float32 the emulated GEMM multiplies lpjax's dequantized values exactly
+  # and differs from the kernel only by float32 rounding (summation order, NVFP4's decode
+  # multipliers, the SR pre-scale's division). The bf16 presets round NVFP4's decoded values and
+  # the x 1/0.75 of SR operands to 8 bits before the emulated GEMM; the kernel does not.
+  x = jax.random.normal(jax.random.key(3), (40, 64))
+  w = jax.random.normal(jax.random.key(4), (64, 24))
+  key = jax.random.key(5)
+  got = _value_and_grads(_with(name, gemm_impl="pallas", compute_dtype=jnp.float32), x, w, key)
+  want = _value_and_grads(_with(name, gemm_impl="xla", compute_dtype=jnp.float32), x, w, key)
+  for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=2e-6,
+                               atol=2e-6 * float(jnp.abs(e).max()))
+
+
+def test_gemm_path_quantized_residuals_feed_the_kernel_packed():
+  x = jax.random.normal(jax.random.key(6), (32, 64))
+  w = jax.random.normal(jax.random.key(7), (64, 16))
+  key = jax.random.key(8)
+  hp = _value_and_grads(_with("mxfp4", gemm_impl="pallas"), x, w, key)
+  packed = _value_and_grads(_with("mxfp4", gemm_impl="pallas", residuals="quantized"), x, w, key)
+  for g, e in zip(jax.tree.leaves(packed), jax.tree.leaves(hp)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
