@@ -107,12 +107,17 @@ def assert_within_f32_accumulation(y, qa, qb, extra_ulps=6):
 
 
 def quantized(shape, fmt, seed, *, exponents=(-4, 4), scale=1.0, zero_rows=(), axis=-1):
-  """quant.quantize of heavy-tailed data with a random power-of-two magnitude per block."""
+  """quant.quantize (along `axis`) of heavy-tailed data times a random power of two per 16
+  elements along `axis`, so block scales differ and the float32 sums round."""
   rng = np.random.default_rng(seed)
-  x = rng.standard_t(4, size=shape) * np.exp2(rng.integers(*exponents, size=shape)) * scale
-  x = x.astype(np.float32)
+  moved = list(shape)
+  moved.append(moved.pop(axis % len(shape)))
+  k = moved[-1]
+  exps = np.repeat(rng.integers(*exponents, size=moved[:-1] + [-(-k // 16)]), 16, -1)[..., :k]
+  x = (rng.standard_t(4, size=moved) * np.exp2(exps) * scale).astype(np.float32)
   for r in zero_rows:
-    np.moveaxis(x, axis, -1)[..., r, :] = 0.0
+    x[..., r, :] = 0.0
+  x = np.moveaxis(x, -1, axis % len(shape))
   return quant.quantize(jnp.asarray(x), fmt, axis=axis, impl="xla")
 
 
@@ -162,7 +167,8 @@ class TestInterpret:
   @pytest.mark.parametrize("fmt", FORMATS)
   @pytest.mark.parametrize("m,n,k", SHAPES)
   def test_equals_sequential_float32_of_exact_block_products(self, fmt, m, n, k):
-    qa, qb = quantized((m, k), fmt, 3, zero_rows=(0,)), quantized((n, k), fmt, 4)
+    qa = quantized((m, k), fmt, 3, zero_rows=(0,), exponents=(-12, 12))
+    qb = quantized((n, k), fmt, 4, exponents=(-12, 12))
     y = self.mm(qa, qb, tile=(16, 16))  # several tiles along M and N
     np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
     assert_within_f32_accumulation(y, qa, qb)
