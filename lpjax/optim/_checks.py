@@ -25,14 +25,26 @@ def _concrete(v):
 
 
 def check_hyperparameters(optimizer: str, *, decays=None, eps=None, total_steps=None,
-                          reset_interval=None, dtypes=None):
-  """Raises ValueError naming the first bad argument of `optimizer`."""
+                          reset_interval=None, dtypes=None, nonnegative=None, unit=None):
+  """Raises ValueError naming the first bad argument of `optimizer`.
+
+  The same ranges as the trainer's config validation (lpjax/train/_validate.py): decays in
+  [0, 1), eps > 0, and the `nonnegative` arguments (learning rate, weight decay, ...) finite and
+  >= 0; `unit` arguments in [0, 1]. A learning rate may also be a schedule (not checked).
+  """
   for name, v in (decays or {}).items():
     if _concrete(v) and not (math.isfinite(v) and 0 <= v < 1):
       raise ValueError(f"{optimizer}: {name} must be in [0, 1) (a decay of 1 divides by "
                        f"1 - {name}**t = 0), got {v!r}.")
-  if _concrete(eps) and not (math.isfinite(eps) and eps >= 0):
-    raise ValueError(f"{optimizer}: eps must be a finite number >= 0, got {eps!r}.")
+  if _concrete(eps) and not (math.isfinite(eps) and eps > 0):
+    raise ValueError(f"{optimizer}: eps must be a finite number > 0 (a zero eps divides 0 by 0 "
+                     f"where a gradient is zero), got {eps!r}.")
+  for name, v in (nonnegative or {}).items():
+    if _concrete(v) and not (math.isfinite(v) and v >= 0):
+      raise ValueError(f"{optimizer}: {name} must be a finite number >= 0, got {v!r}.")
+  for name, v in (unit or {}).items():
+    if _concrete(v) and not (math.isfinite(v) and 0 <= v <= 1):
+      raise ValueError(f"{optimizer}: {name} must be in [0, 1], got {v!r}.")
   if _concrete(total_steps) and not total_steps > 0:
     raise ValueError(f"{optimizer}: total_steps must be positive (or None: no cosine factor), "
                      f"got {total_steps!r}.")

@@ -15,6 +15,7 @@ import optax
 import optax.tree
 
 from lpjax.optim import _low_precision_state as low_precision_state
+from lpjax.optim import _safe_norms as safe_norms
 from lpjax.optim._checks import check_hyperparameters
 
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
@@ -103,6 +104,9 @@ def scale_by_spam(
   """
   check_hyperparameters("spam", decays=dict(b1=b1, b2=b2), eps=eps,
                         reset_interval=reset_interval,
+                        nonnegative=dict(spike_threshold=spike_threshold,
+                                         reset_warmup_steps=reset_warmup_steps,
+                                         clip_free_steps=clip_free_steps),
                         dtypes=dict(mu_dtype=mu_dtype, nu_dtype=nu_dtype))
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
@@ -132,8 +136,16 @@ def scale_by_spam(
       m_prev = jnp.where(is_reset, 0, mu.astype(dt))
       v_prev = jnp.where(is_reset, 0, nu.astype(dt))
       limit = spike_threshold * v_prev
-      gf = jnp.where(clip_on & (jnp.square(gf) > limit),
-                     jnp.sign(gf) * jnp.sqrt(limit), gf)
+      # Where g**2 or theta * v overflows, the same test and bound from the roots (_safe_norms):
+      # |g| > sqrt(theta) sqrt(v), clipped to sqrt(theta) sqrt(v); the plain bits elsewhere.
+      root_limit = jnp.sqrt(jnp.asarray(spike_threshold, dt)) * jnp.sqrt(v_prev)
+      square = jnp.square(gf)
+      plain = jnp.isfinite(square) & jnp.isfinite(limit)
+      spike = jnp.where(plain, square > limit, jnp.abs(gf) > root_limit)
+      bound = jnp.where(jnp.isfinite(limit), jnp.sqrt(limit), root_limit)
+      gf = jnp.where(clip_on & spike, jnp.sign(gf) * bound, gf)
+      # An entry above 2**63 enters the moments at 2**63, so v (and the update) stay finite.
+      gf = safe_norms.saturate(gf)
       m = b1 * m_prev + (1 - b1) * gf
       v = b2 * v_prev + (1 - b2) * jnp.square(gf)
       # §9 step 5: cosine warm-up of the step size after each reset.
@@ -187,6 +199,9 @@ def decay_updated_weights(
     >>> round(float(updates[0]), 6)  # (3 - 1) * (1 - 0.05) - 3
     -1.1
   """
+
+  check_hyperparameters("decay_updated_weights", nonnegative=dict(
+      weight_decay=weight_decay, learning_rate=learning_rate))
 
   def init_fn(params):
     del params
@@ -258,6 +273,8 @@ def spam(
     Huang et al., `SPAM: Spike-Aware Adam with Momentum Reset for Stable LLM Training
     <https://arxiv.org/abs/2501.06842>`_, ICLR 2025.
   """
+  check_hyperparameters("spam", nonnegative=dict(learning_rate=learning_rate,
+                                                weight_decay=weight_decay))
   parts = [
       scale_by_spam(
           b1=b1, b2=b2, eps=eps, spike_threshold=spike_threshold,

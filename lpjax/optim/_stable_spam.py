@@ -21,6 +21,7 @@ import optax
 import optax.tree
 
 from lpjax.optim import _low_precision_state as low_precision_state
+from lpjax.optim import _safe_norms as safe_norms
 from lpjax.optim._checks import check_hyperparameters
 
 ScalarOrSchedule = Union[float, jax.Array, Callable[[jax.Array], jax.Array]]
@@ -165,7 +166,8 @@ def scale_by_stable_spam(
   check_hyperparameters("stable_spam", decays=dict(b1=b1, b2=b2, gamma1=gamma1, gamma2=gamma2,
                                                    gamma3=gamma3),
                         eps=eps, total_steps=total_steps, reset_interval=reset_interval,
-                        dtypes=dict(mu_dtype=mu_dtype, nu_dtype=nu_dtype))
+                        dtypes=dict(mu_dtype=mu_dtype, nu_dtype=nu_dtype),
+                        unit=dict(eta_min=eta_min))
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   nu_dtype = None if nu_dtype is None else jnp.dtype(nu_dtype)
 
@@ -202,20 +204,27 @@ def scale_by_stable_spam(
       kf, ka = k_stats.astype(dt), k_adam.astype(dt)
       # AdaClip (§8 step 4): proportional rescale of the entries above the debiased max EMA.
       g_max = jnp.max(jnp.abs(gf), initial=0)
-      max_ema = gamma3 * old_max_ema + (1 - gamma3) * g_max
+      # The EMA is clamped to the largest float (a no-op below it): never inf from finite g.
+      max_ema = jnp.minimum(gamma3 * old_max_ema + (1 - gamma3) * g_max, safe_norms.finite_max(dt))
       threshold = max_ema / (1 - gamma3**kf)
       spike = jnp.abs(gf) > threshold
       safe_max = jnp.where(g_max > 0, g_max, 1)
       gf = jnp.where(spike, gf / safe_max * threshold, gf)
       # AdaGN (§8 step 5): rescale the clipped tensor's norm to the ratio of its norm EMAs.
-      norm = jnp.sqrt(jnp.sum(jnp.square(gf)))
+      # Overflow-free, with the plain formula's bits wherever it is finite (_safe_norms): the norm
+      # from the tensor scaled by 2**-e (max|gf| <= g_max), the statistics of a norm above 2**63
+      # taken at 2**63, and the debiased root from sqrt(nu) where nu / (1 - gamma2**k) overflows.
+      norm, scaled_norm, down = safe_norms.scaled_norm(gf, g_max)
+      norm_stat = safe_norms.saturate(norm)
       a = gamma1 * s
-      norm_ema = a * old_norm_ema + (1 - a) * norm
-      norm_sq_ema = gamma2 * old_norm_sq_ema + (1 - gamma2) * jnp.square(norm)
-      target = (norm_ema / (1 - a**kf)) / (
-          jnp.sqrt(norm_sq_ema / (1 - gamma2**kf)) + eps)
-      safe_norm = jnp.where(norm > 0, norm, 1)
-      gf = jnp.where(norm > 0, gf / safe_norm * target, gf)
+      norm_ema = a * old_norm_ema + (1 - a) * norm_stat
+      norm_sq_ema = gamma2 * old_norm_sq_ema + (1 - gamma2) * jnp.square(norm_stat)
+      debiased_sq = norm_sq_ema / (1 - gamma2**kf)
+      root = jnp.where(jnp.isfinite(debiased_sq), jnp.sqrt(debiased_sq),
+                       jnp.sqrt(norm_sq_ema) / jnp.sqrt(1 - gamma2**kf))
+      target = (norm_ema / (1 - a**kf)) / (root + eps)
+      safe_norm = jnp.where(scaled_norm > 0, scaled_norm, 1)
+      gf = jnp.where(scaled_norm > 0, gf * down / safe_norm * target, gf)
       # Adam (§8 step 7) with b1' = b1 s, on the pre-reset moments unless asked otherwise.
       b1s = b1 * s
       m_prev, v_prev = mu.astype(dt), nu.astype(dt)
@@ -333,6 +342,8 @@ def stable_spam(
     Huang et al., `Stable-SPAM: How to Train in 4-Bit More Stably than 16-Bit Adam
     <https://arxiv.org/abs/2502.17055>`_, 2025.
   """
+  check_hyperparameters("stable_spam", nonnegative=dict(learning_rate=learning_rate,
+                                                       weight_decay=weight_decay))
   parts = [
       scale_by_stable_spam(
           b1=b1, b2=b2, eps=eps, gamma1=gamma1, gamma2=gamma2, gamma3=gamma3,

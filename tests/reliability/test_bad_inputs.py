@@ -60,7 +60,7 @@ OPTIM_CASES = [
     ("negative total_steps", lambda: optim.stable_spam(1e-3, total_steps=-1), "total_steps must be positive"),
     ("integer mu_dtype", lambda: optim.stable_spam(1e-3, mu_dtype=jnp.int32), "floating dtype"),
     ("spam b2 of 1", lambda: optim.spam(1e-3, b2=1.0), r"b2 must be in \[0, 1\)"),
-    ("negative eps", lambda: optim.spam(1e-3, eps=-1e-8), "eps must be a finite number >= 0"),
+    ("negative eps", lambda: optim.spam(1e-3, eps=-1e-8), "eps must be a finite number > 0"),
 ]
 
 
