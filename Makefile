@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test train clean venv-tf test-tf
+.PHONY: venv test train clean venv-tf test-tf gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,16 @@ train: venv
 # The test suite (what .ci/run runs; it lists its 25 slowest tests). PYTEST_ARGS passes extra flags.
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
+
+# The GPU check (benchmarks/gpu_check): stages a-g, each with its own time limit, <= 10 minutes on
+# one H100/H200; writes runs/gpu_check/<gpu>.json and docs/results/gpu/<gpu>.md and prints the
+# summary table last. No venv dependency: a GPU machine's own Python with its CUDA JAX runs it
+# (`pip install --no-deps -e .`; README, "On a GPU machine that already has JAX"). DRY_RUN=1 runs
+# every stage on the CPU with tiny sizes and interpret-mode kernels (< 2 minutes; CI runs it).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+DRY_RUN ?=
+gpu-check:
+	$(GPU_PY) -m benchmarks.gpu_check $(if $(filter-out 0,$(DRY_RUN)),--dry-run) $(GPU_CHECK_ARGS)
 
 # The optional TensorFlow extra (tf.data reading of tfrecord TFDS datasets) in its own venv, and
 # the tests that need it (CI runs the rest; these skip there).

@@ -1,0 +1,75 @@
+"""Test data with the numerics contract's hard cases, and bit-for-bit comparison of results.
+
+The data follow tests/quant's oracle data (heavy-tailed rows over a wide exponent range, exact
+ties, signed zeros) plus NaN, Inf and subnormal inputs; everything is a pure function of a seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def edge_data(shape, seed: int, *, exp_range: int = 24, specials: bool = True) -> np.ndarray:
+  """float32 data with per-row scales 2^[-exp_range, exp_range], ties, +-0, NaN, Inf, subnormals.
+
+  Examples:
+    >>> x = edge_data((16, 128), 0)
+    >>> x.dtype, bool(np.isnan(x).any()), bool(np.isinf(x).any())
+    (dtype('float32'), True, True)
+  """
+  rng = np.random.default_rng(seed)
+  x = rng.standard_t(3, size=shape)
+  x = x * 2.0 ** rng.integers(-exp_range, exp_range + 1, size=shape[:-1] + (1,))
+  if specials:
+    sel = rng.random(shape)
+    ties = (rng.integers(-16, 16, size=shape) + 0.5) * 2.0 ** rng.integers(-4, 2, size=shape)
+    x = np.where(sel < 0.15, ties, x)  # exact midpoints of many element grids
+    x = np.where((sel >= 0.15) & (sel < 0.17), 0.0, x)
+    x = np.where((sel >= 0.17) & (sel < 0.19), -0.0, x)
+    x = np.where((sel >= 0.19) & (sel < 0.195), 3e-41, x)  # fp32 subnormals
+    flat = x.reshape(-1)
+    flat[7], flat[-5] = np.nan, -np.inf  # one NaN block and one Inf block
+  return x.astype(np.float32)
+
+
+def extreme_data(shape, seed: int) -> np.ndarray:
+  """Rows from 2^-140 (subnormal blocks) to 2^124, and values near FLT_MAX in the first row."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_t(3, size=shape)
+  x = x * np.exp2(np.round(np.linspace(-140, 124, shape[0])))[:, None]
+  x[0, :8] = [3.0e38, -3.4e38, 1e38, 2.0 ** 127, -1.0, 0.5, 7.0, 2.0 ** -149]
+  fmax = np.finfo(np.float32).max
+  return np.clip(x, -fmax, fmax).astype(np.float32)
+
+
+def bits(a) -> np.ndarray:
+  """The raw bits of an array (so NaN == NaN and -0 != +0), as unsigned integers."""
+  a = np.asarray(a)
+  width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+  return a.view(width) if a.dtype.kind != "b" else a.astype(np.uint8)
+
+
+def same_bits(a, b) -> tuple[bool, str]:
+  """(True, '') when two pytrees of arrays agree bit for bit, else (False, what differs).
+
+  Examples:
+    >>> same_bits({"c": np.float32([1, -0.0])}, {"c": np.float32([1, 0.0])})
+    (False, 'leaf 0: 1 of 2 elements differ (first at index 1)')
+    >>> same_bits([np.float32([np.nan])], [np.float32([np.nan])])
+    (True, '')
+  """
+  import jax
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  if len(la) != len(lb):
+    return False, f"{len(la)} vs {len(lb)} outputs"
+  for i, (u, v) in enumerate(zip(la, lb)):
+    u, v = np.asarray(u), np.asarray(v)
+    if u.shape != v.shape or u.dtype != v.dtype:
+      return False, f"leaf {i}: {u.dtype}{list(u.shape)} vs {v.dtype}{list(v.shape)}"
+    diff = bits(u) != bits(v)
+    if diff.any():
+      first = np.unravel_index(int(np.argmax(diff)), diff.shape)
+      where = first[0] if len(first) == 1 else tuple(int(i) for i in first)
+      return False, (f"leaf {i}: {int(diff.sum())} of {diff.size} elements differ (first at "
+                     f"index {where})")
+  return True, ""

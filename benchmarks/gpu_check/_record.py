@@ -1,0 +1,99 @@
+"""What a stage writes as it runs: checks, figures and table rows, flushed to a JSON file after
+every entry, so a stage killed at its time limit still leaves what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class StageSkipped(Exception):
+  """Raised by a stage that does not apply here (e.g. no Blackwell GPU); the reason is shown."""
+
+
+class Recorder:
+  """The result of one stage, written to `path` (JSON) after each entry.
+
+  Examples:
+    >>> import tempfile, os
+    >>> rec = Recorder(os.path.join(tempfile.mkdtemp(), "s.json"), "b", deadline=None)
+    >>> rec.check("mxfp4 RTN", True); rec.check("nvfp4 SR", False, "codes differ")
+    >>> rec.figure("exact", 50.0, "%", goal="100%", met=False)
+    >>> rec.data["checks"], rec.data["failures"][0]["name"]
+    ({'passed': 1, 'failed': 1}, 'nvfp4 SR')
+  """
+
+  def __init__(self, path: str, stage: str, *, deadline: float | None, dry_run: bool = False):
+    self.path = path
+    self.deadline = deadline  # time.time() after which a stage starts nothing new
+    self.data = dict(stage=stage, dry_run=dry_run, checks=dict(passed=0, failed=0), failures=[],
+                     figures=[], tables={}, notes=[], cut_short=[], status="running")
+    self.flush()
+
+  def time_left(self) -> float:
+    return float("inf") if self.deadline is None else self.deadline - time.time()
+
+  def out_of_time(self, what: str) -> bool:
+    """True (and `what` recorded as not run) once the stage's time is up."""
+    if self.time_left() > 0:
+      return False
+    self.data["cut_short"].append(what)
+    self.flush()
+    return True
+
+  def check(self, name: str, ok: bool, detail: str = "") -> None:
+    self.data["checks"]["passed" if ok else "failed"] += 1
+    if not ok:
+      self.data["failures"].append(dict(name=name, detail=detail))
+    self.flush()
+
+  def figure(self, name: str, value, unit: str = "", *, goal: str | None = None,
+             met: bool | None = None) -> None:
+    """A headline figure; `goal` is printed beside it and `met` says whether it was reached."""
+    self.data["figures"].append(dict(name=name, value=value, unit=unit, goal=goal, met=met))
+    self.flush()
+
+  def row(self, table: str, **columns) -> None:
+    self.data["tables"].setdefault(table, []).append(columns)
+    self.flush()
+
+  def note(self, text: str) -> None:
+    self.data["notes"].append(text)
+    self.flush()
+
+  def flush(self) -> None:
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(self.data, f, indent=1, default=_jsonable)
+    os.replace(tmp, self.path)  # a reader never sees half a file
+
+
+def _jsonable(value):
+  try:
+    return float(value)  # numpy and jax scalars
+  except (TypeError, ValueError):
+    return str(value)
+
+
+def in_order(rec: Recorder, items, work, *, workers: int, label=str):
+  """Yields (item, work(item)) in order, `workers` items computing at once in threads (XLA and
+  Triton compile outside the GIL); stops starting items at the stage's deadline and records the
+  rest as not run. An exception of work(item) is yielded as its result."""
+  import concurrent.futures
+
+  todo, running = list(items), []
+  with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+    while todo or running:
+      while todo and len(running) < max(workers, 1) and rec.time_left() > 0:
+        item = todo.pop(0)
+        running.append((item, pool.submit(work, item)))
+      if not running:
+        for item in todo:
+          rec.out_of_time(label(item))
+        return
+      item, future = running.pop(0)
+      try:
+        yield item, future.result()
+      except Exception as e:  # noqa: BLE001 (one case's failure is that case's result)
+        yield item, e
