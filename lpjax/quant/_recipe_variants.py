@@ -18,6 +18,7 @@ removed). The modifiers, each allowed once:
 | scale | e8m0, ue4m3, fp32 | the block-scale format of every quantized operand (docs/numerics.md §2) |
 | granularity | block, channel, tensor, fixed | one scale per block, per row of the contraction axis, per tensor, or a fixed one |
 | fixed_exponent | an int in [-127, 127] (default 0) | with granularity=fixed: the fixed scale 2**k |
+| gemm_impl | auto, xla, pallas | how FP4 GEMMs with both operands quantized run: emulated (xla), the exact FP4 GEMM kernel (pallas), or the kernel where it measured faster (auto, the default; docs/gemm.md) |
 
 Format modifiers (`block_size`, `scale`, `granularity`, `fixed_exponent`) rewrite the
 `QuantFormat` of every quantized operand of every GEMM and keep its element format. Their rules:
@@ -145,6 +146,7 @@ MODIFIERS = {
     "scale": _choice("scale", formats.SCALE_FORMATS),
     "granularity": _choice("granularity", GRANULARITIES),
     "fixed_exponent": _integer("fixed_exponent", -127, 127, "0 (scale 1) or -4"),
+    "gemm_impl": _choice("gemm_impl", ("auto", "xla", "pallas")),
 }
 FORMAT_KEYS = ("block_size", "scale", "granularity", "fixed_exponent")
 
@@ -255,6 +257,8 @@ def _apply(recipe: GemmRecipe, mods: dict) -> GemmRecipe:
                    "wgrad).")
     recipe = _replace_ops(recipe, lambda g, s, op: dataclasses.replace(op, rounding=mods["grad_rounding"])
                           if (g, s) in grads else op)
+  if "gemm_impl" in mods:
+    recipe = dataclasses.replace(recipe, gemm_impl=mods["gemm_impl"])
   return recipe
 
 

@@ -307,6 +307,7 @@ def test_recipe_option_selects_the_passes_with_two_fp4_operands():
   assert use(_with("mxfp4", gemm_impl="xla")) == [False, False, False]
   assert use(recipes.get("mxfp4")) == [False, False, False]  # "auto": nothing measured yet
   assert recipes.get("mxfp4").gemm_impl == "auto"
+  assert use(quant.get_recipe("mxfp4_naive:gemm_impl=pallas")) == [True, True, True]  # a spec
   with pytest.raises(ValueError, match="gemm_impl"):
     _with("mxfp4", gemm_impl="triton")
 
