@@ -184,6 +184,8 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   elif fmt.scale == "ue4m3":
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
+    elif fmt.tensor_scale:  # a given amax_t of NaN / Inf: every block is NaN (docs/numerics.md §5)
+      bad = bad | (tensor_amax_bits >= U32(fb.INF_BITS))
     if fast_path:
       s_enc = fast_scales.encode_scale(tensor_amax_bits, fmt.tensor_scale)
       s_b, s_enc_b, m_bits = fast_scales.block_scales(amax, s_enc, tensor_amax_bits,

@@ -166,7 +166,9 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
   if signs.shape != (block,):
     raise ValueError(f"signs must have shape ({block},), got {signs.shape}.")
   # Blocks viewed in place: (..., blocks, block, ...) along `axis`, the signs broadcast over it.
-  xb = x.astype(compute).reshape(x.shape[:axis] + (-1, block) + x.shape[axis + 1:])
+  # (an explicit block count, not -1: numpy cannot infer -1 in a zero-size array's reshape)
+  xb = x.astype(compute).reshape(x.shape[:axis] + (x.shape[axis] // block, block) +
+                                 x.shape[axis + 1:])
   signs = signs.reshape((block,) + (1,) * (x.ndim - 1 - axis))
   scale = jnp.asarray(normalizer(block, compute))
   if inverse:  # (H D)^T = D H: transform first, then the signs

@@ -56,7 +56,7 @@ def _grouped(x, group: int, axis: int):
   def ungroup(g):
     return jnp.moveaxis(g.reshape(shape)[..., :n], -1, axis)
 
-  return x.reshape(shape[:-1] + (-1, group)), ungroup
+  return x.reshape(shape[:-1] + (shape[-1] // group, group)), ungroup  # not -1: empty x too
 
 
 def _topk_mask(g, topk: int):
