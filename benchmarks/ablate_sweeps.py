@@ -51,6 +51,46 @@ def _named(*rows):
   return [REFERENCE] + [r for r in rows if r.label != REFERENCE.label]
 
 
+# Issue 41: each optimizer's own lr grid around the paper lr (Adam's best was at or below 0.5x,
+# Stable-SPAM's at 0.5x-1x in the 1000-step lr sweep), the FP4 recipes and bf16.
+OPTIM_LR_SCALES = {"adam": (0.125, 0.25, 0.5, 1.0, 2.0), "stable_spam": (0.25, 0.5, 1.0, 2.0, 4.0),
+                   "spam": (0.25, 0.5, 1.0, 2.0, 4.0)}
+OPTIM_LR_RECIPES = ("mxfp4", "nvfp4", "bf16")
+# Stable-SPAM's parts, switched off or changed one at a time with the trainer's own settings:
+# gamma3 = 0 makes AdaClip's threshold this step's max|g| (nothing is above it: AdaClip off),
+# reset_interval = 0 never resets the moments; without AdaClip and resets Stable-SPAM is Adam +
+# AdaGN (total_steps is not set by the trainer: no cosine factor on b1 and gamma1).
+NO_ADACLIP = (("optimizer.gamma3", 0.0),)
+NO_RESET = (("optimizer.reset_interval", 0),)
+# The paper resets every 1000 of 20k steps (ΔT/T = 1/20): at 1000 steps that is every 50.
+SSPAM_PARTS = (
+    ("adagn", "stable_spam", NO_ADACLIP + NO_RESET),  # Adam + AdaGN
+    ("adagn_adaclip", "stable_spam", NO_RESET),  # + AdaClip, no reset
+    ("full", "stable_spam", ()),  # + reset every 1000 steps (paper 4-bit settings)
+    ("reset50", "stable_spam", (("optimizer.reset_interval", 50),)),  # paper's ΔT/T at 1000 steps
+    ("reset250", "stable_spam", (("optimizer.reset_interval", 250),)),
+    ("hp_gammas", "stable_spam", HP_GAMMAS),  # AdaGN with the paper's BF16 decays
+    ("adagn_hp", "stable_spam", HP_GAMMAS + NO_ADACLIP + NO_RESET),  # Adam + slow AdaGN
+    ("adam", "adam", ()),  # none of the parts
+)
+SSPAM_PARTS_SCALES = (0.5, 1.0)
+
+
+def _optim_lr_rows():
+  rows = [Row(f"{recipe}_{opt}{_lr_suffix(scale)}", recipe, opt, scale)
+          for recipe in OPTIM_LR_RECIPES for opt in ("adam", "stable_spam", "spam")
+          for scale in OPTIM_LR_SCALES[opt]]
+  # quartet for the two optimizers the MXFP4 / NVFP4 comparison is about
+  rows += [Row(f"quartet_{opt}{_lr_suffix(scale)}", "quartet", opt, scale)
+           for opt in ("adam", "stable_spam") for scale in (0.25, 0.5, 1.0, 2.0)]
+  return rows
+
+
+def _sspam_parts_rows():
+  return [Row(f"mxfp4_{name}{_lr_suffix(scale)}", "mxfp4", opt, scale, overrides)
+          for scale in SSPAM_PARTS_SCALES for name, opt, overrides in SSPAM_PARTS]
+
+
 SWEEPS: dict[str, list[Row]] = {
     # Element / block format: every preset's GEMMs, Adam (mxfp4_bwd / mxfp4_naive for the goals).
     "format": _named(*(Row(n, n) for n in ("bf16", "fp8", "mxfp8", "mxfp4", "nvfp4", "mxfp4_bwd",
@@ -85,6 +125,12 @@ SWEEPS: dict[str, list[Row]] = {
     "lr": _named(*_grid(("fp32", "mxfp4"), ("adam", "stable_spam"), (0.25, 0.5, 1.0, 2.0)),
                  *_grid(("fp32",), ("stable_spam",), (0.5, 1.0, 2.0), HP_GAMMAS, "_hp_gammas"),
                  *_grid(("mxfp4",), ("stable_spam",), (1.0,), HP_GAMMAS, "_hp_gammas")),
+    # Issue 41: Adam, Stable-SPAM and SPAM each over its own lr grid, in MXFP4, NVFP4 and bf16
+    # (quartet for Adam and Stable-SPAM); compare each at its own best lr.
+    "optim_lr": _named(*_optim_lr_rows()),
+    # Issue 41: Stable-SPAM's parts in MXFP4 at 0.5x and 1x the paper lr, from Adam + AdaGN to the
+    # full optimizer, the reset interval scaled to the run, and the paper's BF16 AdaGN decays.
+    "sspam_parts": _named(*_sspam_parts_rows()),
     # High-precision (bf16) warm-up and finish around MXFP4.
     "schedule": _named(
         Row("mxfp4_only", "mxfp4"),
@@ -156,6 +202,16 @@ DESCRIPTIONS = {
     "lr": "Adam and Stable-SPAM at 0.25x, 0.5x, 1x and 2x the paper lr, in FP32 and MXFP4: whether "
           "Stable-SPAM's lead or lag at one lr is an lr effect; and Stable-SPAM with the paper's "
           "high-precision AdaGN decays (gamma1 0.85, gamma2 0.99999) instead of its 4-bit ones.",
+    "optim_lr": "Adam, Stable-SPAM and SPAM (paper hyperparameters) each over its own lr grid "
+                "(Adam 0.125x-2x, Stable-SPAM and SPAM 0.25x-4x the paper lr), in MXFP4, NVFP4 "
+                "and bf16, and quartet for Adam and Stable-SPAM at 0.25x-2x: each optimizer at "
+                "its own best lr (issue 41).",
+    "sspam_parts": "Stable-SPAM's parts in MXFP4 at 0.5x and 1x the paper lr: Adam + AdaGN "
+                   "(gamma3 0: AdaClip off; reset_interval 0), + AdaClip, + the momentum reset "
+                   "every 1000 steps (the full optimizer, paper 4-bit settings), the reset every "
+                   "50 steps (the paper's 1000 of 20k steps scaled to 1000) and every 250, the "
+                   "paper's BF16 AdaGN decays (0.85, 0.99999) with and without AdaClip and "
+                   "resets, and Adam (none of the parts) (issue 41).",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "

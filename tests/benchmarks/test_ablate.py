@@ -18,7 +18,8 @@ import run_machine  # noqa: E402
 from lpjax.train import config as cfg_lib  # noqa: E402
 
 ISSUE_SWEEPS = ("format", "scale_format", "grad_rounding", "granularity", "gemms", "optimizer",
-                "lr", "operands", "schedule", "block_size", "recipes", "memory", "quality")
+                "lr", "operands", "schedule", "block_size", "recipes", "memory", "quality",
+                "optim_lr", "sspam_parts")
 MICRO = ["--seeds", "1", "--steps", "3", "--set", "batch_size=8", "--set", "seq_len=32",
          "--set", "eval_steps=1", "--set", "log_every=1"]
 
@@ -64,6 +65,96 @@ def test_only_seeds_plans_just_those_seeds_and_rejects_seeds_outside_the_range(t
       ablate.parse_args(["recipes", "--out", str(tmp_path), "--seeds", "3", "--only-seeds", bad])
 
 
+def test_optim_lr_sweep_has_each_optimizers_lr_grid_in_every_recipe():
+  """Issue 41: 4-5 lrs per optimizer, so each is compared at its own best lr."""
+  rows = {r.label: r for r in sweeps.SWEEPS["optim_lr"]}
+  for recipe in ("mxfp4", "nvfp4", "bf16"):
+    for opt in ("adam", "stable_spam", "spam"):
+      scales = sorted(r.lr_scale for r in rows.values() if (r.recipe, r.optimizer) == (recipe, opt))
+      assert scales == sorted(sweeps.OPTIM_LR_SCALES[opt]) and 4 <= len(scales) <= 5
+      assert 1.0 in scales and min(scales) < 1.0 < max(scales)  # around the paper lr
+  for opt in ("adam", "stable_spam"):
+    assert {r.lr_scale for r in rows.values() if (r.recipe, r.optimizer) == ("quartet", opt)} == {
+        0.25, 0.5, 1.0, 2.0}
+  assert all(not r.overrides for r in rows.values())  # paper hyperparameters throughout
+  assert rows["mxfp4_adam_lr0.5x"] == sweeps.Row("mxfp4_adam_lr0.5x", "mxfp4", "adam", 0.5)
+
+
+def test_sspam_parts_switches_each_part_with_trainer_settings():
+  rows = {r.label: r for r in sweeps.SWEEPS["sspam_parts"]}
+  for suffix in ("_lr0.5x", ""):
+    cfg = lambda name: sweeps.row_config(rows[f"mxfp4_{name}{suffix}"], size="tiny", seed=0, steps=1000)
+    full, adagn, no_reset = cfg("full"), cfg("adagn"), cfg("adagn_adaclip")
+    assert (full.optimizer.gamma3, full.optimizer.reset_interval) == (0.999, 1000)  # paper 4-bit
+    assert (full.optimizer.gamma1, full.optimizer.gamma2) == (0.7, 0.9)
+    assert (adagn.optimizer.gamma3, adagn.optimizer.reset_interval) == (0.0, 0)
+    assert (no_reset.optimizer.gamma3, no_reset.optimizer.reset_interval) == (0.999, 0)
+    assert cfg("reset50").optimizer.reset_interval == 50
+    assert (cfg("adagn_hp").optimizer.gamma2, cfg("adagn_hp").optimizer.gamma3) == (0.99999, 0.0)
+    assert cfg("adam").optimizer.name == "adam"
+    for c in (full, adagn, no_reset, cfg("hp_gammas")):
+      assert c.quant.recipe == "mxfp4" and c.optimizer.name == "stable_spam"
+      assert c.optimizer.lr == pytest.approx(3e-3 * (0.5 if suffix else 1.0))
+      cfg_lib.validate(c, device_count=1)
+
+
+def test_stable_spam_with_gamma3_zero_never_clips_and_without_resets_is_adam_plus_adagn():
+  """What the sspam_parts rows rely on: gamma3 = 0 switches AdaClip off (the threshold is this
+  step's max|g|) and reset_interval = 0 never resets, leaving Adam on AdaGN-scaled gradients."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from lpjax.optim import stable_spam
+
+  rng = np.random.default_rng(0)
+  grads = [rng.standard_normal(64).astype(np.float32) * (1 + 50 * (t == 4)) for t in range(12)]
+  grads[6][3] = 1e3  # an entry spike AdaClip would clip
+  tx = stable_spam(1e-2, gamma3=0.0, reset_interval=0)
+  params = jnp.zeros(64)
+  state = tx.init(params)
+  b1, b2, eps, g1, g2 = 0.9, 0.999, 1e-8, 0.7, 0.9
+  m = v = np.zeros(64)
+  mu = nu = 0.0
+  for k, g in enumerate(grads, start=1):
+    updates, state = tx.update(jnp.asarray(g), state, params)
+    g = g.astype(np.float64)
+    n = np.linalg.norm(g)
+    mu, nu = g1 * mu + (1 - g1) * n, g2 * nu + (1 - g2) * n * n
+    c = (mu / (1 - g1**k)) / (np.sqrt(nu / (1 - g2**k)) + eps)
+    g = g / n * c  # AdaGN only: no entry was clipped
+    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+    want = -1e-2 * m / (1 - b1**k) / (np.sqrt(v) / np.sqrt(1 - b2**k) + eps)
+    np.testing.assert_allclose(np.asarray(updates), want, rtol=2e-4, atol=1e-9)
+
+
+def test_lr_curve_table_and_plot_from_finished_runs(tmp_path, capsys):
+  import ablate_lr_curve as lr_curve
+
+  def run(label, seed, loss):
+    d = tmp_path / "runs" / "optim_lr" / label / f"seed{seed}"
+    d.mkdir(parents=True)
+    if loss is None:
+      (d / "failed.json").write_text(json.dumps({"type": "TrainingError"}))
+    else:
+      (d / "results.json").write_text(json.dumps({"final_eval_loss": loss}))
+
+  run("mxfp4_adam_lr0.5x", 0, 1.80), run("mxfp4_adam_lr0.5x", 1, 1.82), run("mxfp4_adam", 0, 1.84)
+  run("mxfp4_stable_spam", 0, 1.86), run("mxfp4_stable_spam_lr4x", 0, None)
+  (tmp_path / "runs" / "optim_lr" / "mxfp4_adam" / "seed1").mkdir()  # still training: left out
+  points = lr_curve.load(str(tmp_path))
+  assert points[("mxfp4", "adam", 0.5)] == {0: 1.80, 1: 1.82}
+  assert points[("mxfp4", "adam", 1.0)] == {0: 1.84}
+  assert math.isnan(points[("mxfp4", "stable_spam", 4.0)][0])
+  table = lr_curve.markdown(points, earlier=False)
+  assert "| Adam(W) | **1.8100 ± 0.0141 (2)** | 1.8400 (1) |  |" in table
+  assert "| Stable-SPAM |  | **1.8600 (1)** | diverged |" in table
+  assert "(1, earlier)" in lr_curve.markdown(points, earlier=True)
+  png = tmp_path / "curve.png"
+  assert lr_curve.main(["--out", str(tmp_path), "--png", str(png)]) == 0
+  assert png.stat().st_size > 0
+  capsys.readouterr()
+
+
 def _apply_command(command: str):
   """The config train.py would build from `command` (its --config.key=value flags)."""
   args = shlex.split(command)
@@ -75,7 +166,7 @@ def _apply_command(command: str):
   return config
 
 
-@pytest.mark.parametrize("sweep", ["optimizer", "gemms", "schedule", "granularity"])
+@pytest.mark.parametrize("sweep", ["optimizer", "gemms", "schedule", "granularity", "sspam_parts"])
 def test_reproduce_command_rebuilds_the_exact_config(sweep):
   for row in sweeps.SWEEPS[sweep]:
     config = sweeps.row_config(row, size="tiny", seed=2)
