@@ -20,11 +20,48 @@ _CACHE = flags.DEFINE_string(
     "JAX_COMPILATION_CACHE_DIR, when set, wins.")
 
 
+_UNKNOWN_OVERRIDES = []  # (key, raw value) of --config.x=y whose key the config file lacks
+
+
+def _user_error(kind: str, message, status: int = 2):
+  """One message, no traceback (unless --verbosity=1 or LPJAX_TRACEBACK=1 asks for it)."""
+  if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1 or (
+      os.environ.get("LPJAX_TRACEBACK") == "1"):
+    raise message if isinstance(message, BaseException) else SystemExit(f"{kind}: {message}")
+  print(f"{kind}: {message}\n(--verbosity=1 or LPJAX_TRACEBACK=1 shows the traceback.)",
+        file=sys.stderr)
+  sys.exit(status)
+
+
+def _parse_flags(argv):
+  """absl's parsing, with every flag problem as one message and exit status 2. Overrides of keys
+  the config file lacks are kept out of ml_collections (which fails on them with a traceback)
+  and added in main(), so that lpjax.train.validate names them with the fix."""
+  from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+
+  from lpjax.train import _cli
+
+  path, config = _cli.config_path_of(argv), None
+  if path is not None:
+    if not os.path.isfile(path.split(":", 1)[0]):
+      _user_error("Flag error", f"--config={path}: no such file; give the path of a config file, "
+                  "e.g. --config=configs/llama_tiny_mxfp4.py.")
+    config = ConfigFileFlagParser("config", lock_config=False).parse(path)
+    argv, _UNKNOWN_OVERRIDES[:] = _cli.split_overrides(argv, config)
+    sys.argv[:] = argv  # ml_collections reads its overrides from sys.argv itself
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, KeyError, AttributeError) as e:
+    _user_error("Flag error", _cli.flag_error_message(e, config))
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    _user_error("Flag error", f"unexpected arguments {argv[1:]}: flags take the form --name=value "
+                "(--config.optimizer.lr=2e-3, --workdir=runs/x).")
   from lpjax.train import train_and_evaluate  # after flags: keeps --help fast
   from lpjax.train import setup_logging, use_compilation_cache
+  from lpjax.train import _cli
 
   setup_logging()
   use_compilation_cache(_CACHE.value)
@@ -35,6 +72,7 @@ def main(argv):
   from lpjax.train import CheckpointWriteError, ConfigError
 
   try:
+    config = _cli.add_overrides(config, _UNKNOWN_OVERRIDES)  # for validation to name them
     results = train_and_evaluate(config, workdir)
   except CheckpointWriteError as e:
     # Orbax's writer threads can keep a failed process alive at exit: report and leave at once.
@@ -42,14 +80,10 @@ def main(argv):
     sys.stdout.flush()
     os._exit(1)
   except ConfigError as e:
-    # A config problem is the user's to fix, not a crash: the message alone, unless asked for
-    # the traceback (--verbosity=1 or LPJAX_TRACEBACK=1).
-    if flags.FLAGS.verbosity >= 1 or os.environ.get("LPJAX_TRACEBACK") == "1":
-      raise
-    kind = "Workdir in use" if type(e).__name__ == "WorkdirInUse" else "Config error"
-    print(f"{kind}: {e}\n(--verbosity=1 or LPJAX_TRACEBACK=1 shows the traceback.)",
-          file=sys.stderr)
-    sys.exit(2)
+    # A config, data or workdir problem is the user's to fix, not a crash: the message alone.
+    kind = {"WorkdirInUse": "Workdir in use", "WorkdirError": "Workdir error",
+            "DataError": "Data error"}.get(type(e).__name__, "Config error")
+    _user_error(kind, e)
   if results.get("stopped"):
     print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "
           "resumes it: run the same command again.")
@@ -63,4 +97,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -21,8 +21,10 @@ SOURCES = ("embedded", "text", "tfds")
 def make_dataset(source: str = "embedded", *, path: str = "", tfds_name: str = "",
                  tokenizer: str = "byte", tfds_data_dir: str | None = None,
                  cache_dir: str | None = None, text_key: str = "text",
-                 tfds_reader: str = "auto", seq_len: int = 0):
-  """The dataset named by a config's `data` section (`seq_len`: the tf.data reader's row length)."""
+                 tfds_reader: str = "auto", seq_len: int = 0, encoding: str = "utf-8",
+                 encoding_errors: str = "strict"):
+  """The dataset named by a config's `data` section (`seq_len`: the tf.data reader's row length;
+  `encoding`, `encoding_errors`: how source='text' decodes its files)."""
   if source == "embedded":
     from lpjax.data._text_files import embedded_dataset
     return embedded_dataset(tokenizer, cache_root=cache_dir)
@@ -30,7 +32,8 @@ def make_dataset(source: str = "embedded", *, path: str = "", tfds_name: str = "
     if not path:
       raise ValueError("data.source='text' needs data.path: a text file or a glob like 'docs/*.txt'.")
     from lpjax.data._text_files import text_dataset
-    return text_dataset(path, tokenizer, cache_root=cache_dir)
+    return text_dataset(path, tokenizer, cache_root=cache_dir, encoding=encoding,
+                        errors=encoding_errors)
   if source == "tfds":
     if not tfds_name:
       raise ValueError("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")

@@ -48,13 +48,31 @@ def _is_eval_file(relpath: str, eval_percent: int) -> bool:
   return zlib.crc32(relpath.encode()) % 100 < eval_percent
 
 
-def _tokenize_files(files, root, tokenizer, eval_percent):
+def read_text(path: str, encoding: str = "utf-8", errors: str = "strict") -> str:
+  """The text of file `path`. Strict by default: a byte sequence that is not valid `encoding`
+  raises a ValueError naming the file and its byte offset (a binary or Latin-1 file must not
+  train as replacement characters without a word); `errors` is `bytes.decode`'s choice for
+  users who mean it ('replace', 'ignore', ...)."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    return raw.decode(encoding, errors)
+  except UnicodeDecodeError as e:
+    bad = raw[e.start:e.start + 4].hex(" ")
+    raise ValueError(
+        f"{path} is not valid {encoding}: {e.reason} at byte offset {e.start} (bytes {bad}). "
+        f"Convert the file to {encoding}, set data.encoding to the file's encoding (e.g. "
+        "'latin-1'), or set data.encoding_errors='replace' to train on it with the undecodable "
+        "bytes replaced.") from None
+
+
+def _tokenize_files(files, root, tokenizer, eval_percent, encoding="utf-8", errors="strict"):
   dtype = cache.smallest_uint(tokenizer.vocab_size)
   parts = {"train": [], "validation": []}
   single = len(files) == 1
   for path in files:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      ids = np.append(tokenizer.encode(f.read()), tokenizer.eos_id).astype(dtype)
+    ids = np.append(tokenizer.encode(read_text(path, encoding, errors)),
+                    tokenizer.eos_id).astype(dtype)
     if single:  # one file: its last eval_percent of tokens is the validation split
       cut = len(ids) - max(len(ids) * eval_percent // 100, 1)
       parts["train"].append(ids[:cut])
@@ -83,10 +101,11 @@ def file_signature(path: str) -> str:
   return f"{st.st_size}|{st.st_mtime_ns}|{h.hexdigest()[:16]}"
 
 
-def _fingerprint(files, tokenizer_name: str, eval_percent: int) -> str:
+def _fingerprint(files, tokenizer_name: str, eval_percent: int, decoding: str = "") -> str:
   """The cache key of tokenizing `files`: their paths and signatures, the tokenizer (its file's
-  signature too, for SentencePiece) and the eval split."""
-  h = hashlib.sha256(f"{tokenizer_name}|{eval_percent}".encode())
+  signature too, for SentencePiece), the eval split and the decoding ("" for the embedded corpus,
+  whose keys predate it)."""
+  h = hashlib.sha256(f"{tokenizer_name}|{eval_percent}{decoding}".encode())
   if tokenizer_name.startswith("spm:") and os.path.isfile(tokenizer_name[4:]):
     h.update(file_signature(tokenizer_name[4:]).encode())
   for path in files:
@@ -94,19 +113,36 @@ def _fingerprint(files, tokenizer_name: str, eval_percent: int) -> str:
   return h.hexdigest()[:16]
 
 
+def text_files(pattern: str) -> list[str]:
+  """The files `pattern` (a file or a glob, `~` expanded) names, sorted; FileNotFoundError with the
+  fix when there are none (a folder is named as such)."""
+  path = os.path.expanduser(pattern)
+  files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+  if files:
+    return files
+  if os.path.isdir(path):
+    raise FileNotFoundError(f"data.path {pattern!r} is a folder; give a file or a glob of its "
+                            f"text files, e.g. {os.path.join(pattern, '**', '*.txt')!r}.")
+  raise FileNotFoundError(f"No text files match {pattern!r}; set data.path to a file or a glob "
+                          "such as 'corpus/*.txt'.")
+
+
 def text_dataset(pattern: str, tokenizer: str = "byte", *, eval_percent: int = 3,
-                 cache_root: str | None = None, name: str | None = None) -> TokenStreamDataset:
-  """A TokenStreamDataset from a text file or glob, tokenized once into the cache."""
-  files = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-  files = [f for f in files if os.path.isfile(f)]
-  if not files:
-    raise FileNotFoundError(f"No text files match {pattern!r}; set data.path to a file or a glob "
-                            "such as 'corpus/*.txt'.")
+                 cache_root: str | None = None, name: str | None = None, encoding: str = "utf-8",
+                 errors: str = "strict") -> TokenStreamDataset:
+  """A TokenStreamDataset from a text file or glob, tokenized once into the cache.
+
+  The files are decoded with `encoding` and `errors` (`read_text`: strict UTF-8 by default, so a
+  file that is not UTF-8 is an error naming its byte offset).
+  """
+  files = text_files(pattern)
   tok = get_tokenizer(tokenizer)
   root = os.path.commonpath([os.path.dirname(f) for f in files])
-  key = f"text-{_fingerprint(files, tok.name, eval_percent)}"
-  splits = cache.cached_splits(cache.cache_dir(cache_root), key,
-                               lambda: _tokenize_files(files, root, tok, eval_percent))
+  # The decoding is part of the key: caches of the old replace-by-default decoding are not reused.
+  key = f"text-{_fingerprint(files, tok.name, eval_percent, f'|{encoding}|{errors}')}"
+  splits = cache.cached_splits(
+      cache.cache_dir(cache_root), key,
+      lambda: _tokenize_files(files, root, tok, eval_percent, encoding, errors))
   return TokenStreamDataset(splits["train"], splits["validation"], vocab_size=tok.vocab_size,
                             name=name or pattern)
 

@@ -10,7 +10,7 @@ Examples:
   >>> c.diffusion.timesteps, c.optimizer.gamma1, "seq_len" in c, "diffusion" in base_config()
   (1000, 0.7, False, False)
   >>> sorted(task_keys("lm") - task_keys("classification"))[:3]
-  ['data.path', 'data.seq_len_schedule', 'data.text_key']
+  ['data.encoding', 'data.encoding_errors', 'data.path']
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.data.source = "embedded" if lm else "digits"
   if lm:
     c.data.path = ""  # source=text: a file or glob
+    c.data.encoding = "utf-8"  # source=text: the files' encoding (a byte it cannot decode: error)
+    c.data.encoding_errors = "strict"  # source=text: strict | replace | ignore (bytes.decode's)
   c.data.tfds_name = ""  # source=tfds: e.g. "c4/en", "cifar10", "imagenet2012"
   c.data.tfds_data_dir = ""  # source=tfds: data_dir ("" = TFDS default)
   if lm:
@@ -192,6 +194,24 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.debug.nan_at_step = -1  # inject a NaN loss at this step (tests of the non-finite path)
   c.debug.nan_only_quantized = False  # ... only while the quantized recipe runs (not in fallback)
   return c
+
+
+# The data.* keys each source reads (lpjax.data.make_dataset / make_image_dataset); a key another
+# source reads, set to other than its default, is a config error (it would be ignored).
+DATA_KEYS_BY_SOURCE = {
+    "lm": {
+        "embedded": ("tokenizer", "seq_len_schedule", "cache_dir", "prefetch"),
+        "text": ("path", "encoding", "encoding_errors", "tokenizer", "seq_len_schedule",
+                 "cache_dir", "prefetch"),
+        "tfds": ("tfds_name", "tfds_data_dir", "text_key", "tfds_reader", "tokenizer",
+                 "seq_len_schedule", "prefetch"),
+    },
+    "images": {
+        "digits": ("image_size", "augment", "prefetch"),
+        "tfds": ("tfds_name", "tfds_data_dir", "image_size", "classes", "augment", "cache_dir",
+                 "prefetch"),
+    },
+}
 
 
 def flat_keys(c, prefix: str = "") -> set[str]:

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from lpjax.train import config as cfg_lib
+from lpjax.train import _preflight as preflight
 from lpjax.train import _sharding as shd
 from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
 from lpjax.train._metrics import MetricWriter, Progress
@@ -60,10 +61,12 @@ class Trainer:
     self.workdir = os.path.abspath(workdir)
     self.flat_config = flat_config(config)  # recorded in each checkpoint's meta
     self.is_main = jax.process_index() == 0
-    os.makedirs(self.workdir, exist_ok=True)
+    preflight.prepare_workdir(self.workdir)  # a file, under a file, read-only: WorkdirError
     self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
     self.precision = PrecisionController(config)  # builds the run's QuantPolicy, once
-    self.task = make_task(config, self.precision.policy)
+    with preflight.data_errors():  # a file, a dataset or a package lpjax.data cannot read
+      self.task = make_task(config, self.precision.policy)
+    preflight.check_dataset(config, self.task.dataset)  # one train and one eval batch, or DataError
     self.tx = make_optimizer(config, stacked_layers=self.task.stacked_layers)
     self.lr_schedule = learning_rate_schedule(config)  # logged as train/lr
     self.batch_sharding = shd.batch_sharding(self.mesh)

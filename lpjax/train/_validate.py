@@ -21,13 +21,17 @@ Examples:
 
 from __future__ import annotations
 
+import codecs
+import difflib
+import glob
 import math
 import os
 
 import ml_collections
 
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._config_schema import (GRAD_ACCUM_DTYPES, IMAGE_SOURCES, OPTIMIZERS,
+from lpjax.train._config_schema import (DATA_KEYS_BY_SOURCE, GRAD_ACCUM_DTYPES, IMAGE_SOURCES,
+                                        OPTIMIZERS,
                                         PARAM_ROUNDINGS, RESUME_CHOICES, STATE_DTYPES, TASKS,
                                         TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
                                         flat_keys, task_keys, tasks_of)
@@ -65,13 +69,25 @@ def _owners(key: str) -> str:
   return f"task{'s' if len(tasks) > 1 else ''} {names}"
 
 
+def _did_you_mean(key: str) -> str:
+  """`key`, with the closest key of any task's schema ("optimizer.lrr (did you mean
+  optimizer.lr?)")."""
+  known = sorted(set().union(*(task_keys(t) for t in TASKS)))
+  close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+  if not close:  # a misspelt section: compare the leaf names within the sections
+    leaf = key.rsplit(".", 1)[-1]
+    close = [k for k in known if k.rsplit(".", 1)[-1] == leaf][:1]
+  return f"{key} (did you mean {close[0]}?)" if close else key
+
+
 def _check_keys(config):
   """Every key belongs to the schema of config.task; unknown and other tasks' keys are named."""
   keys = flat_keys(config)
   unknown = sorted(k for k in keys if not tasks_of(k))
   if unknown:
-    raise ConfigError(f"Unknown config key(s): {', '.join(unknown)}. Valid keys are listed in "
-                      "lpjax/train/_config_schema.py base_config(); check the spelling.")
+    raise ConfigError(f"Unknown config key(s): {', '.join(_did_you_mean(k) for k in unknown)}. "
+                      "Valid keys are listed in lpjax/train/_config_schema.py base_config(); "
+                      "check the spelling.")
   task = config.get("task")
   if task not in TASKS:
     raise ConfigError(f"task {task!r} is unknown; valid: {', '.join(TASKS)}.")
@@ -207,6 +223,7 @@ def validate(config, device_count: int, process_count: int = 1):
   _check_names(config, problems)
   _check_numbers(config, problems)
   heads = _validate_lm(config, problems) if config.task == "lm" else _validate_vision(config, problems)
+  _check_data_keys(config, problems)
   data = _check_mesh(config, device_count, process_count, heads, problems)
   problems.raise_if_any()
   config = config.copy_and_resolve_references()
@@ -308,6 +325,8 @@ def _validate_lm(config, problems) -> int:
                       "tokenizer's size) or at least that.")
   if config.data.source == "text" and not config.data.path:
     problems.append("data.source='text' needs data.path (a file or a glob).")
+  elif config.data.source == "text":
+    _check_text_files(config.data, problems)
   if config.data.source == "tfds" and not config.data.tfds_name:
     problems.append("data.source='tfds' needs data.tfds_name, e.g. 'c4/en'.")
   if config.data.source not in TEXT_SOURCES:
@@ -317,6 +336,45 @@ def _validate_lm(config, problems) -> int:
     problems.append(f"data.tfds_reader {config.data.tfds_reader!r} is unknown; valid: auto, "
                     "data_source (array_record), tf_data (needs TensorFlow).")
   return heads
+
+
+def _check_text_files(d, problems):
+  """data.path names files (not a folder, not nothing), data.encoding and encoding_errors exist."""
+  path = os.path.expanduser(d.path)
+  if not any(os.path.isfile(f) for f in glob.glob(path, recursive=True)):
+    if os.path.isdir(path):
+      problems.append(f"data.path {d.path!r} is a folder; give a file or a glob of its text "
+                      f"files, e.g. {os.path.join(d.path, '**', '*.txt')!r}.")
+    else:
+      problems.append(f"data.path {d.path!r} matches no file; give a text file or a glob such as "
+                      "'corpus/*.txt'.")
+  try:
+    codecs.lookup(d.encoding)
+  except LookupError:
+    problems.append(f"data.encoding {d.encoding!r} is not an encoding Python knows; use e.g. "
+                    "'utf-8' or 'latin-1'.")
+  try:
+    codecs.lookup_error(d.encoding_errors)
+  except LookupError:
+    problems.append(f"data.encoding_errors {d.encoding_errors!r} is unknown; valid: 'strict' (an "
+                    "undecodable byte is an error), 'replace', 'ignore', 'backslashreplace'.")
+
+
+def _check_data_keys(config, problems):
+  """Every data.* key that differs from its default is read by the configured data.source."""
+  kind = "lm" if config.task == "lm" else "images"
+  by_source = DATA_KEYS_BY_SOURCE[kind]
+  source = config.data.source
+  if source not in by_source:
+    return  # reported as an unknown source
+  defaults = base_config(config.task).data
+  for key in sorted(config.data.keys()):
+    if key == "source" or key in by_source[source] or config.data[key] == defaults.get(key):
+      continue
+    readers = [s for s, keys in by_source.items() if key in keys]
+    owners = " or ".join(repr(s) for s in readers) or "no source"
+    problems.append(f"data.{key}={config.data[key]!r} is not read by data.source={source!r} (only "
+                    f"by {owners}), so it would be ignored; remove it or set data.source.")
 
 
 def _validate_vision(config, problems) -> int:

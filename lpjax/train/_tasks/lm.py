@@ -113,7 +113,8 @@ class LanguageModelTask(Task):
     self.dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
                                        tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
                                        cache_dir=d.cache_dir or None, text_key=d.text_key,
-                                       tfds_reader=d.tfds_reader, seq_len=config.seq_len)
+                                       tfds_reader=d.tfds_reader, seq_len=config.seq_len,
+                                       encoding=d.encoding, encoding_errors=d.encoding_errors)
     self.model_config = llama_config_of(config, self.dataset.vocab_size)
     self.graphdef, _ = llama.abstract_model(self.model_config, self.policy)
     self._apply = functools.partial(llama.apply, self.graphdef, self.model_config)
