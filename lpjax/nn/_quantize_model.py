@@ -109,7 +109,8 @@ class QuantizedLinen:
       return module.apply({"params": params, **others}, *a, **kw)
 
     return run(call, self.policy, (params, variables) + tuple(args), kwargs,
-               quant_key=quant_key, weights_argnums=(0,), weight_axes=self.weight_axes)
+               quant_key=quant_key, weights_argnums=(0,), weight_axes=self.weight_axes,
+               scope_root=type(module).__name__)
 
   @property
   def lpjax_report_target(self):

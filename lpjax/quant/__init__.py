@@ -43,7 +43,8 @@ from lpjax.quant import recipes
 from lpjax.quant._conv import conv_general_dilated, conv_operand_stats
 from lpjax.quant._einsum import einsum, einsum_operand_stats
 from lpjax.quant._gemm import dot_general, operand_stats
-from lpjax.quant._intercept import collect_sites, quantize_model, quantized, report
+from lpjax.quant._intercept import (collect_sites, quantize_model, quantized, report,
+                                    stacked_weights)
 from lpjax.quant._intercept_sites import Report, Site
 from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 from lpjax.quant._operand import fake_quant_operand
@@ -70,4 +71,5 @@ __all__ = [
     "operand_stats", "path_str", "recipes", "weight_sharding",
     # any model or function by interception
     "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
+    "stacked_weights",
 ]

@@ -69,6 +69,8 @@ _LAYOUT_OPS = {"convert_element_type", "reshape", "transpose", "copy", "copy_p",
                "reduce_precision", "optimization_barrier"}
 
 _SITES: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_sites", default=None)
+# parameter paths that a scan over blocks slices (stacked layers), collected while tracing
+_STACKED: contextvars.ContextVar[set | None] = contextvars.ContextVar("lpjax_stacked", default=None)
 
 
 def as_policy(policy) -> QuantPolicy:
@@ -94,12 +96,19 @@ class _Scope:
 
   block: Any = None
   folds: tuple = ()
+  names: str = ""  # the name stack of the equations that enclose this jaxpr
+
+  def inside(self, eqn) -> "_Scope":
+    stack = str(eqn.source_info.name_stack)
+    return dataclasses.replace(self, names="/".join(p for p in (self.names, stack) if p))
 
 
 class _Run:
   """One evaluation of a traced function: the policy, the step key and the sites it found."""
 
-  def __init__(self, policy: QuantPolicy, key, weight_axes: dict, num_blocks: int | None):
+  def __init__(self, policy: QuantPolicy, key, weight_axes: dict, num_blocks: int | None,
+               scope_root: str = ""):
+    self.scope_root = scope_root
     if policy.num_blocks is None and num_blocks is not None:
       policy = policy.for_model(num_blocks=num_blocks)
     self.policy, self.key, self.weight_axes = policy, key, weight_axes
@@ -152,6 +161,7 @@ class _Run:
       return _bind(eqn, invals)
     params = eqn.params
     weights = {i: w for i, w in enumerate(wrefs) if w is not None}
+    scope = scope.inside(eqn)
     if name in ("jit", "pjit", "closed_call", "core_call"):
       closed = params.get("jaxpr") or params.get("call_jaxpr")
       return self.eval(closed.jaxpr, closed.consts, invals, weights, scope)
@@ -180,6 +190,9 @@ class _Run:
     inner = {i: w for i, w in weights.items() if i < nc}
     inner.update({i: _Weight(w.path, stacked=True) for i, w in weights.items() if i >= nc + ncarry})
     over_blocks = any(i >= nc + ncarry for i in weights)
+    stacked = _STACKED.get()
+    if stacked is not None:
+      stacked.update(w.path for i, w in weights.items() if i >= nc + ncarry)
     if over_blocks and self.policy.varies_by_block:  # each block its own recipe: unroll
       order = range(length - 1, -1, -1) if p["reverse"] else range(length)
       ys = [None] * length
@@ -220,8 +233,8 @@ class _Run:
     if wref is not None:
       path = sites_lib.module_path(wref.path)
     else:
-      path = self._activation_path(eqn, feeds)
-    if block is None and wref is not None:
+      path = self._activation_path(eqn, feeds, scope)
+    if block is None:
       block = self.policy.block_index(path)
     static_block = block if isinstance(block, int) else None
     block_label = ("" if block is None else str(block) if static_block is not None else "scan")
@@ -269,8 +282,8 @@ class _Run:
         return "the weight is the convolution's input"
     return ""
 
-  def _activation_path(self, eqn, feeds) -> str:
-    scope = sites_lib.scope_of_name_stack(eqn.source_info.name_stack)
+  def _activation_path(self, eqn, feeds, outer: _Scope) -> str:
+    scope = sites_lib.scope_of_name_stack(outer.inside(eqn).names, self.scope_root)
     if not scope:
       weight_feeds = [f for f in feeds if not _is_activation_site(f)]
       scope = sites_lib.common_path(sorted(weight_feeds))
@@ -303,12 +316,13 @@ class _Run:
       for inner in sub.eqns:
         if inner.primitive.name in _GEMMS:
           lhs, rhs = (v.aval for v in inner.invars[:2])
-          path = sites_lib.scope_of_name_stack(inner.source_info.name_stack) or eqn.primitive.name
+          path = sites_lib.scope_of_name_stack(scope.inside(inner).names,
+                                               self.scope_root) or eqn.primitive.name
           self._add(Site(path=path, op=inner.primitive.name, lhs_shape=tuple(lhs.shape),
                          rhs_shape=tuple(rhs.shape), weight="?", weight_path=None, block="",
                          recipe="", status=UNCHANGED, reason=reason))
         elif _has_gemm(inner):
-          self._list_inner(inner, scope, reason)
+          self._list_inner(inner, scope.inside(inner), reason)
 
 
 def _inner_jaxprs(eqn):
@@ -418,8 +432,9 @@ def _key_name(k):
 
 def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_key=None,
         weights_argnums: Sequence[int] = (0,), weight_axes: dict | None = None,
-        num_blocks: int | None = None):
-  """`fn(*args, **kwargs)` with its GEMMs through `policy` (the engine of `quantized`)."""
+        num_blocks: int | None = None, scope_root: str = ""):
+  """`fn(*args, **kwargs)` with its GEMMs through `policy` (the engine of `quantized`);
+  `scope_root`: the first name scope of every equation (a linen model's), left out of paths."""
   weights_argnums = tuple(weights_argnums)
   leaves, treedef = jax.tree.flatten((args, kwargs))
   weight_paths = _weight_leaves(args, weights_argnums)
@@ -438,7 +453,7 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   weights = {pos: _Weight(weight_paths[i]) for pos, i in enumerate(dynamic) if i in weight_paths}
   if num_blocks is None:
     num_blocks = _count_blocks(policy, weight_paths.values(), closed.jaxpr, weights)
-  engine = _Run(policy, as_key(quant_key), dict(weight_axes or {}), num_blocks)
+  engine = _Run(policy, as_key(quant_key), dict(weight_axes or {}), num_blocks, scope_root)
   outs = engine.eval(closed.jaxpr, closed.consts, dyn_vals, weights, _Scope())
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
@@ -505,6 +520,19 @@ def collect_sites():
     yield found
   finally:
     _SITES.reset(token)
+
+
+def stacked_weights(fn: Callable, *args, **kwargs) -> set[str]:
+  """The parameter paths that a scan over blocks slices in one call of an intercepted function
+  or model (stacked layers: optimizers keep their per-tensor statistics per layer there)."""
+  target = getattr(fn, "lpjax_report_target", fn)
+  found: set = set()
+  token = _STACKED.set(found)
+  try:
+    jax.eval_shape(lambda *a: target(*a, **kwargs), *args)
+  finally:
+    _STACKED.reset(token)
+  return found
 
 
 def report(fn: Callable, *args, **kwargs) -> Report:

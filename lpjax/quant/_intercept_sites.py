@@ -96,13 +96,26 @@ def common_path(paths: Sequence[str]) -> str:
   return "/".join(prefix)
 
 
-def scope_of_name_stack(name_stack: str) -> str:
-  """A JAX name stack -> a module path: Flax linen's "Model/layers_0/attn" drops the root
-  module's class name; transform markers ("jvp(...)", "transpose(...)") are unwrapped."""
+def scope_of_name_stack(name_stack: str, root: str = "") -> str:
+  """A JAX name stack -> a module path. Transform markers ("jvp(...)", "transpose(...)") are
+  unwrapped; jitted functions' names, `jnp.einsum`'s own scope ("bqhd,bkhd->bhqk") and lifted
+  lambdas ("layers.<lambda>") are dropped; `root` (a linen model's class name, the first scope
+  of its name stack) is dropped too.
+
+  Examples:
+    >>> scope_of_name_stack("jvp(Model)/layers_0/attn/bqhd,bkhd->bhqk", root="Model")
+    'layers_0/attn'
+    >>> scope_of_name_stack("block/jit(helper)/attn")
+    'block/attn'
+  """
   parts = []
   for part in str(name_stack).split("/"):
+    if part.startswith(("jit(", "pjit(")) or "->" in part or "<" in part:
+      continue
     while "(" in part and part.endswith(")"):
       part = part[part.index("(") + 1:-1]
     if part:
       parts.append(part)
-  return "/".join(parts[1:]) if len(parts) > 1 else ""
+  if root and parts and parts[0] == root:
+    parts = parts[1:]
+  return "/".join(parts)
