@@ -111,6 +111,10 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   if task == "classification":
     c.model.num_classes = 0  # 0: the dataset's number of classes
     c.model.stem = ""  # "imagenet" (7x7/2 + max-pool) | "small" (3x3/1); "": by image size
+  if task in ("lm", "classification"):
+    # "package.module:function" returning your own Flax (NNX or linen) model, used instead of
+    # model.name; its GEMMs are quantized by interception (lpjax/train/_user_model.py)
+    c.model.factory = ""
   c.model.param_dtype = "float32"  # master weights
   c.model.compute_dtype = "float32"  # activations (bfloat16 on GPUs)
 

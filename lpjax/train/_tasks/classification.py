@@ -23,6 +23,7 @@ import optax
 
 from lpjax.models import resnet
 from lpjax.train._tasks.images import ImageTask
+from lpjax.train._user_model import user_model
 
 SMALL_IMAGES = 64  # images up to this side get the small (3x3/1, no max-pool) stem by default
 
@@ -39,10 +40,29 @@ class ClassificationTask(ImageTask):
         name=m.name, num_classes=m.num_classes or self.dataset.num_classes, in_channels=channels,
         stem=m.stem or ("small" if height <= SMALL_IMAGES else "imagenet"),
         compute_dtype=m.compute_dtype, param_dtype=m.param_dtype)
+    # the user's own model (model.factory), its GEMMs quantized by interception; else a ResNet
+    self.user = user_model(config, dict(num_classes=self.model_config.num_classes,
+                                        image_shape=tuple(self.dataset.image_shape)),
+                           jnp.zeros((1,) + tuple(self.dataset.image_shape), jnp.float32))
+    if self.user is not None:
+      self.partition_rules = self.user.partition_rules
+      self._apply = self._user_apply
+      return
     self.graphdef, _, _ = resnet.abstract_model(self.model_config, self.policy)
     self._apply = functools.partial(resnet.apply, self.graphdef, self.model_config)
 
+  def _user_apply(self, params, model_state, images, policy, key, *, train):
+    return self.user.apply(params, model_state, images,
+                           policy if policy is not None else self.policy, key, train=train)
+
+  def stacked_layers(self, params):
+    if self.user is not None:
+      return self.user.stacked_layers(params)
+    return super().stacked_layers(params)
+
   def init_variables(self, key):
+    if self.user is not None:
+      return self.user.init_variables(key)
     return resnet.init_variables(self.model_config, key)
 
   def loss(self, params, model_state, batch, key, policy):

@@ -23,6 +23,7 @@ from lpjax import data as lpdata
 from lpjax.models import llama
 from lpjax.train import config as cfg_lib
 from lpjax.train._tasks.base import Task
+from lpjax.train._user_model import user_model
 
 
 def cross_entropy(logits, targets):
@@ -116,16 +117,38 @@ class LanguageModelTask(Task):
                                        tfds_reader=d.tfds_reader, seq_len=config.seq_len,
                                        encoding=d.encoding, encoding_errors=d.encoding_errors)
     self.model_config = llama_config_of(config, self.dataset.vocab_size)
+    # the user's own model (model.factory), its GEMMs quantized by interception; else LLaMA
+    self.user = user_model(config, dict(vocab_size=self.model_config.vocab_size,
+                                        seq_len=config.seq_len),
+                           jnp.zeros((1, config.seq_len), jnp.int32))
+    if self.user is not None:
+      if config.model.vocab_chunks > 1:
+        raise cfg_lib.ConfigError("model.vocab_chunks needs lpjax's LLaMA (its head apart from "
+                                  "its body); with model.factory set it to 0.")
+      self.partition_rules = self.user.partition_rules
+      return
     self.graphdef, _ = llama.abstract_model(self.model_config, self.policy)
     self._apply = functools.partial(llama.apply, self.graphdef, self.model_config)
 
   def init_variables(self, key):
+    if self.user is not None:
+      return self.user.init_variables(key)
     return llama.init_params(self.model_config, key, self.policy), None
 
   def stacked_layers(self, params):
+    if self.user is not None:
+      return self.user.stacked_layers(params)
     return llama.stacked_layers(self.model_config, params, self.policy)
 
+  def _user_logits(self, params, model_state, tokens, policy, key, train):
+    return self.user.apply(params, model_state, tokens,
+                           policy if policy is not None else self.policy, key, train=train)
+
   def loss(self, params, model_state, batch, key, policy):
+    if self.user is not None:
+      logits, model_state = self._user_logits(params, model_state, batch["inputs"], policy, key,
+                                              True)
+      return cross_entropy(logits, batch["targets"])[0], (model_state, {})
     loss = lm_loss(self.graphdef, self.model_config, self.config.model.vocab_chunks, params,
                    batch, policy, key)
     return loss, (model_state, {})
@@ -147,7 +170,11 @@ class LanguageModelTask(Task):
       yield self.dataset.eval_batch(i, c.batch_size, c.seq_len, process_index, process_count)
 
   def eval_sums(self, params, model_state, batch, policy):
-    logits = self._apply(params, batch["inputs"], policy, jax.random.key(0))
+    if self.user is not None:
+      logits, _ = self._user_logits(params, model_state, batch["inputs"], policy,
+                                    jax.random.key(0), False)
+    else:
+      logits = self._apply(params, batch["inputs"], policy, jax.random.key(0))
     loss, count = cross_entropy(logits, batch["targets"])
     return {"loss_sum": loss * count, "count": jnp.asarray(count, jnp.float32)}
 
@@ -156,4 +183,6 @@ class LanguageModelTask(Task):
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
 
   def describe(self):
+    if self.user is not None:
+      return {"model": self.config.model.factory}
     return {"model": self.config.model.size}
