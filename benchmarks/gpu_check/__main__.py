@@ -28,18 +28,18 @@ def _parse(argv):
                       "<out>/report.md in the dry run")
   p.add_argument("--total-limit", type=float, default=None,
                  help="seconds for the whole check (default 600; 300 for the dry run)")
-  p.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage here
+  p.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run this stage module here
   p.add_argument("--result", help=argparse.SUPPRESS)
   p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
 
 def _run_one(args) -> int:
-  from benchmarks.gpu_check import _record, _runner
-  stage = next(s for s in _runner.STAGES if s.letter == args.stage)
-  rec = _record.Recorder(args.result, stage.name, deadline=args.deadline, dry_run=args.dry_run)
+  from benchmarks.gpu_check import _record
+  module = args.stage if "." in args.stage else f"benchmarks.gpu_check.{args.stage}"
+  rec = _record.Recorder(args.result, args.stage, deadline=args.deadline, dry_run=args.dry_run)
   try:
-    importlib.import_module(f"benchmarks.gpu_check.{stage.name}").run(rec, args.dry_run)
+    importlib.import_module(module).run(rec, args.dry_run)
   except _record.StageSkipped as e:
     rec.data["status"], rec.data["error"] = "skip", str(e)
     rec.flush()

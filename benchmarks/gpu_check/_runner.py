@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @dataclasses.dataclass(frozen=True)
 class Stage:
   letter: str  # a-g, the order of the issue
-  name: str  # module in benchmarks/gpu_check that has run(rec, dry_run)
+  name: str  # module in benchmarks/gpu_check (or a dotted module path) with run(rec, dry_run)
   title: str
   limit_s: float  # on a GPU
   dry_limit_s: float  # in the dry run (CPU; generous: the whole dry run is meant to take < 2 min)
@@ -62,12 +62,12 @@ def child_env(dry_run: bool, workdir: str) -> dict:
 
 def run_stage(stage: Stage, *, dry_run: bool, timeout_s: float, workdir: str) -> dict:
   """Runs one stage in a child process, killed after `timeout_s`; returns its result dict."""
-  path = os.path.join(workdir, f"stage_{stage.letter}_{stage.name}.json")
+  path = os.path.join(workdir, f"stage_{stage.letter}.json")
   if os.path.exists(path):
     os.remove(path)
   # The stage stops starting new cases a little before the kill, so it ends cleanly.
   deadline = time.time() + max(timeout_s - max(5.0, 0.1 * timeout_s), 1.0)
-  cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage.letter, "--result", path,
+  cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--stage", stage.name, "--result", path,
          "--deadline", repr(deadline)] + (["--dry-run"] if dry_run else [])
   start = time.time()
   proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(dry_run, workdir), stdout=subprocess.PIPE,
@@ -80,7 +80,7 @@ def run_stage(stage: Stage, *, dry_run: bool, timeout_s: float, workdir: str) ->
     log, _ = proc.communicate()
     rc, timed_out = None, True
   seconds = time.time() - start
-  with open(os.path.join(workdir, f"stage_{stage.letter}_{stage.name}.log"), "w") as f:
+  with open(os.path.join(workdir, f"stage_{stage.letter}.log"), "w") as f:
     f.write(log or "")
   result = _read(path, stage)
   result.update(letter=stage.letter, title=stage.title, seconds=seconds, limit_s=timeout_s)

@@ -53,7 +53,7 @@ def describe() -> dict:
   except Exception:  # noqa: BLE001 (a description, never a failure)
     info["platform_version"] = None
   info["nvidia_smi"] = _nvidia_smi()
-  info["versions"] = _versions()
+  info["versions"] = {"jax": jax.__version__, **_versions()}
   info["optional_packages_missing"] = [m for m in OPTIONAL if importlib.util.find_spec(m) is None]
   return info
 

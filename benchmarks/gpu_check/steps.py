@@ -46,10 +46,10 @@ def _load_config(path):
   return load_config(os.path.join(ROOT, path))
 
 
-def measure(spec: dict) -> dict:
-  """Compiles and times the train step of `spec` on the first device (see the module docstring)."""
+def build_step(spec: dict):
+  """(jitted train step(state, batch, key), state, batch, key) of `spec` on the first device;
+  the state is initialized for real, or only described (ShapeDtypeStructs) with `abstract`."""
   import functools
-  import statistics
 
   import jax
   import numpy as np
@@ -65,13 +65,13 @@ def measure(spec: dict) -> dict:
   config = _load_config(spec["config"])
   with config.unlocked():
     config.quant.recipe = spec["recipe"]
-    config.data.source, config.data.tokenizer = "embedded", "byte"  # no dataset, no tokenizer
+    # Random tokens: no dataset, no tokenizer file (the configs name C4 and T5's SentencePiece).
+    config.data.source, config.data.tokenizer, config.data.tfds_name = "embedded", "byte", ""
     config.model.vocab_size = spec["vocab"]
     config.batch_size, config.seq_len, config.grad_accum_steps = spec["batch"], spec["seq_len"], 1
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   config = cfg_lib.validate(config, 1)
-  device = jax.devices()[0]
-  mesh = shd.make_mesh(1, 1, 1, [device])
+  mesh = shd.make_mesh(1, 1, 1, jax.devices()[:1])
   model_cfg = llama_config_of(config, spec["vocab"])
   policy = build_policy(config)
   graphdef, _ = llama.abstract_model(model_cfg, policy)
@@ -83,11 +83,19 @@ def measure(spec: dict) -> dict:
                       loss_scale=config.quant.loss_scale)
 
   key = jax.random.key(0)
-  shardings = shd.tree_shardings(jax.eval_shape(init, key), mesh, llama.PARTITION_RULES)
-  state = jax.jit(init, out_shardings=shardings)(key)
-  tokens = np.random.default_rng(0).integers(0, spec["vocab"], (spec["batch"], spec["seq_len"] + 1))
-  batch = jax.device_put({"inputs": tokens[:, :-1].astype(np.int32),
-                          "targets": tokens[:, 1:].astype(np.int32)}, shd.batch_sharding(mesh))
+  abstract = jax.eval_shape(init, key)
+  shardings = shd.tree_shardings(abstract, mesh, llama.PARTITION_RULES)
+  shape = (spec["batch"], spec["seq_len"])
+  if spec.get("abstract"):
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, shardings)
+    tokens = jax.ShapeDtypeStruct(shape, np.int32, sharding=shd.batch_sharding(mesh))
+    batch = {"inputs": tokens, "targets": tokens}
+  else:
+    state = jax.jit(init, out_shardings=shardings)(key)
+    tokens = np.random.default_rng(0).integers(0, spec["vocab"], (shape[0], shape[1] + 1))
+    batch = jax.device_put({"inputs": tokens[:, :-1].astype(np.int32),
+                            "targets": tokens[:, 1:].astype(np.int32)}, shd.batch_sharding(mesh))
 
   def loss_fn(params, model_state, batch, key, step_policy):  # the LM task's loss
     loss = lm_loss(graphdef, model_cfg, config.model.vocab_chunks, params, batch, step_policy, key)
@@ -101,8 +109,18 @@ def measure(spec: dict) -> dict:
     with shd.step_hints(mesh, gather_quantized_weights=config.quant.gather_quantized_weights):
       return step(s, b, k, None)
 
+  return jax.jit(traced_step, donate_argnums=(0,)), state, batch, key
+
+
+def measure(spec: dict) -> dict:
+  """Compiles and times the train step of `spec` on the first device (see the module docstring)."""
+  import statistics
+
+  import jax
+
+  step, state, batch, key = build_step(spec)
   start = time.perf_counter()
-  compiled = jax.jit(traced_step, donate_argnums=(0,)).lower(state, batch, key).compile()
+  compiled = step.lower(state, batch, key).compile()
   compile_s = time.perf_counter() - start
   state, metrics = compiled(state, batch, key)  # warm-up
   jax.block_until_ready(state)
@@ -113,7 +131,7 @@ def measure(spec: dict) -> dict:
     jax.block_until_ready(state)
     times.append(time.perf_counter() - start)
   step_s = statistics.median(times)
-  stats = getattr(device, "memory_stats", lambda: None)() or {}
+  stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
   loss = float(jax.device_get(metrics["loss"])) if "loss" in metrics else None
   return dict(spec, ok=True, compile_s=compile_s, step_s=step_s,
               tokens_per_s=spec["batch"] * spec["seq_len"] / step_s, loss=loss,

@@ -1,0 +1,188 @@
+"""benchmarks/gpu_check (`make gpu-check`): stage isolation and time limits, the report and its
+goals, bit comparison, and that every kernel the check compiles on a GPU lowers to Triton for the
+"cuda" platform at the check's own shapes (checked here on the CPU).
+
+The whole dry run (`make gpu-check DRY_RUN=1`) runs in tests/reliability/test_stock_environment.py,
+in a stock environment (no TFDS, grain, array_record, TensorFlow, tensorboardX).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from benchmarks.gpu_check import _data, _report, _runner, bandwidth, kernels, steps  # noqa: E402
+
+FAKE_STAGES = {
+    "fake_crash": """
+        import os
+        def run(rec, dry_run):
+          rec.figure("before the crash", 1.0)
+          os._exit(3)                      # e.g. a segfault in a compiler
+        """,
+    "fake_hang": """
+        import time
+        def run(rec, dry_run):
+          rec.figure("before the hang", 2.0)
+          time.sleep(120)                  # e.g. a kernel that never ends
+        """,
+    "fake_raise": """
+        def run(rec, dry_run):
+          raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+        """,
+    "fake_ok": """
+        import os
+        def run(rec, dry_run):
+          rec.check("something", True)
+          rec.figure("platforms", os.environ.get("JAX_PLATFORMS"), goal=">= 70%", met=True)
+        """,
+}
+
+
+@pytest.fixture
+def fake_stages(tmp_path, monkeypatch):
+  (tmp_path / "fakes").mkdir()
+  (tmp_path / "fakes" / "__init__.py").write_text("")
+  for name, body in FAKE_STAGES.items():
+    (tmp_path / "fakes" / f"{name}.py").write_text(textwrap.dedent(body))
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # child_env puts the repository first
+  return lambda name, limit=30: _runner.Stage(name[5], f"fakes.{name}", name, limit, limit)
+
+
+def test_a_failing_stage_never_stops_the_next(fake_stages, tmp_path):
+  stages = [fake_stages("fake_crash"), fake_stages("fake_hang", limit=6),
+            fake_stages("fake_raise"), fake_stages("fake_ok")]
+  results = _runner.run_all(stages, dry_run=True, workdir=str(tmp_path / "out"),
+                            total_limit_s=200, progress=lambda *a, **k: None)
+  crash, hang, raised, ok = results
+  assert [r["status"] for r in results] == ["fail", "fail", "fail", "pass"]
+  assert "code 3" in crash["error"] and crash["figures"][0]["value"] == 1.0  # kept
+  assert "time limit" in hang["error"] and hang["seconds"] < 30  # killed, not waited for
+  assert hang["figures"][0]["name"] == "before the hang"
+  assert "RESOURCE_EXHAUSTED" in raised["error"]
+  assert ok["figures"][0]["value"] == "cpu"  # the dry run pins stage processes to the CPU
+
+
+def test_the_whole_check_has_one_time_limit(fake_stages, tmp_path):
+  results = _runner.run_all([fake_stages("fake_ok")] * 2, dry_run=True,
+                            workdir=str(tmp_path / "out"), total_limit_s=4,
+                            progress=lambda *a, **k: None)
+  assert [r["status"] for r in results] == ["not run", "not run"]
+
+
+def _check(dry_run):
+  stage = dict(letter="d", stage="bandwidth", title="bandwidth", status="pass", seconds=12.0,
+               limit_s=150, checks=dict(passed=3, failed=0), notes=["a note"],
+               figures=[dict(name="RTN", value=71.0, unit="% of copy", goal=">= 70%", met=True),
+                        dict(name="SR", value=40.0, unit="% of copy", goal=">= 60%", met=False)],
+               tables={"bandwidth": [dict(op="quantize RTN", gbps=3000.0, same_bits=True)]})
+  env = dict(letter="a", stage="env", title="environment", status="pass", seconds=1.0,
+             limit_s=60, figures=[], info=dict(device_kind="NVIDIA H200", platform="gpu"))
+  return _report.summarize([env, stage], dry_run=dry_run, seconds=13.0)
+
+
+def test_summary_prints_each_goal_beside_its_figure():
+  table = _report.summary_table(_check(dry_run=False))
+  assert "PASSED" in table and "NVIDIA H200" in table
+  assert "RTN 71 % of copy (goal >= 70%: met)" in table
+  assert "SR 40 % of copy (goal >= 60%: MISSED)" in table
+  assert "3/3 checks ok" in table
+  dry = _report.summary_table(_check(dry_run=True))
+  assert "DRY RUN" in dry and "MISSED" not in dry and "not judged, dry run" in dry
+  report = _report.markdown(_check(dry_run=False))
+  assert report.startswith("# lpjax GPU check: NVIDIA H200")
+  assert "| quantize RTN | 3000 | yes |" in report and "- a note" in report
+  assert _report.file_stem(_check(dry_run=False)) == "nvidia-h200"
+
+
+def test_same_bits_finds_one_flipped_bit_a_nan_payload_and_a_signed_zero():
+  x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+  y = x.copy()
+  y.view(np.uint32)[17, 3] ^= 1
+  ok, why = _data.same_bits({"v": x}, {"v": y})
+  assert not ok and "1 of 2048" in why and "(17, 3)" in why
+  assert _data.same_bits((x,), (x.copy(),)) == (True, "")
+  assert not _data.same_bits([np.float32([np.nan])],
+                             [np.uint32([0x7FC00001]).view(np.float32)])[0]
+  assert not _data.same_bits([np.float32([0.0])], [np.float32([-0.0])])[0]
+  assert not _data.same_bits([x], [x.astype(np.float64)])[0]
+
+
+def test_the_cli_prints_the_summary_table_last(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--stages", "a",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert out.stdout.strip().splitlines()[-1].startswith("| a environment | pass |")
+  check = json.loads((tmp_path / "dry-run-cpu.json").read_text())
+  assert check["passed"] and check["dry_run"] and check["device"] == "cpu"
+  assert "lpjax" not in check["env"]["optional_packages_missing"]
+  assert "(dry run)" in (tmp_path / "report.md").read_text()
+
+
+def _lowers_to_triton(fn, *args):
+  """fn lowered for the "cuda" platform on this CPU (the spelling of jax 0.10-0.11)."""
+  traced = jax.jit(fn).trace(*args)
+  return "xla.gpu.triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("name", [c.name for c in kernels.kernel_cases(False)])
+def test_every_stage_c_kernel_lowers_for_cuda(name):
+  case = next(c for c in kernels.kernel_cases(False, interpret=False) if c.name == name)
+  assert _lowers_to_triton(case.kernel, jax.ShapeDtypeStruct(case.shape, case.dtype))
+
+
+@pytest.mark.parametrize("size", bandwidth.sizes(False), ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_every_stage_d_kernel_lowers_for_cuda_at_64m_and_256m(fmt, size):
+  from lpjax import quant
+  x = jax.ShapeDtypeStruct(size, jnp.float32)
+  q = jax.eval_shape(lambda v: quant.quantize(v, fmt, impl="xla"), x)
+  for name, kernel, _, takes_q in bandwidth.ops(fmt, interpret=False):
+    assert _lowers_to_triton(kernel, q if takes_q else x), name
+
+
+def test_every_stage_f_run_builds_from_its_config():
+  """The 60M / 130M / 1B configs name C4 and T5's tokenizer: stage f swaps in random tokens, one
+  device and one microbatch, and every planned run must still pass the config checks."""
+  runs, candidates, one_b = steps.plan(False)
+  specs = [r for r in runs if r] + [dict(one_b, batch=b) for b in candidates]
+  assert {(s["size"], s["recipe"]) for s in specs} >= {
+      (size, r) for size in ("60m", "130m") for r in ("bf16", "mxfp4", "nvfp4", "quartet")}
+  for spec in specs:
+    _, state, batch, _ = steps.build_step(dict(spec, abstract=True))
+    assert batch["inputs"].shape == (spec["batch"], spec["seq_len"])
+    assert all(len(leaf.sharding.device_set) == 1 for leaf in jax.tree.leaves(state))
+
+
+@pytest.fixture
+def kernels_as_on_a_gpu(monkeypatch):
+  """impl="auto" and interpret=None as they resolve on a GPU, so a step traced on this CPU holds
+  the Triton kernels that stages e and f run there."""
+  from lpjax.pallas import _support
+  from lpjax.quant import _quantize
+  monkeypatch.setattr(_support, "on_gpu", lambda: True)
+  monkeypatch.setattr(_quantize, "_auto_uses_kernels", lambda: True)
+
+
+@pytest.mark.slow
+def test_the_stage_e_and_f_steps_lower_with_the_kernels_for_cuda(kernels_as_on_a_gpu):
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import gemm_overhead
+  bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  tokens, d, ff = 8192, 2048, 5461  # stage e's MLP on a GPU
+  params = {"w_gate": bf16(d, ff), "w_up": bf16(d, ff), "w_down": bf16(ff, d)}
+  assert _lowers_to_triton(gemm_overhead.make_step("mxfp4"), params, bf16(tokens, d),
+                           jax.random.key(0))
+  spec = next(s for s in steps.plan(False)[0] if s and s["recipe"] == "mxfp4")
+  step, state, batch, key = steps.build_step(dict(spec, abstract=True))
+  assert _lowers_to_triton(step, state, batch, key)
