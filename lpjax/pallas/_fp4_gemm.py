@@ -38,12 +38,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from lpjax.pallas import _support as sp
+from lpjax.pallas import _fp4_gemm_sharded as gemm_sharded, _support as sp
 from lpjax.quant import _formats as formats
 from lpjax.quant._quantize import QArray
 
@@ -273,16 +274,64 @@ def fp4_matmul(lhs: QArray, rhs: QArray, *, out_dtype=jnp.float32, interpret=Non
   dot_dtype = default_dot_dtype(lhs.fmt) if dot_dtype is None else dot_dtype
   if dot_dtype not in DOT_DTYPES:
     raise ValueError(f"dot_dtype must be one of {DOT_DTYPES}, got {dot_dtype!r}.")
-  batch, m, n, _, tm, tn, m_pad, n_pad, n_blocks = _plan(lhs, rhs, tile)
-  a, sa = _operand_3d(lhs, m_pad, n_blocks)
-  b, sb = _operand_3d(rhs, n_pad, n_blocks)
+  *batch, m = lhs.codes.shape[:-1]  # the arrays' own shapes: per device inside shard_map
+  n = rhs.codes.shape[-2]
+  static = LocalGemm(block=lhs.fmt.block_size, scale=lhs.fmt.scale, dot_dtype=dot_dtype,
+                     tensor_scale=lhs.tensor_scale is not None or rhs.tensor_scale is not None,
+                     tile=_check_tile(tile), out_dtype=jnp.dtype(out_dtype),
+                     interpret=sp.resolve_interpret(interpret))
+  args = (jnp.broadcast_to(tensor_factor(lhs, rhs), (1, 1)),) + _as_3d(lhs) + _as_3d(rhs)
+  if gemm_sharded.use_partitioning():
+    out = gemm_sharded.partitioned(local_matmul, static)(*args)
+  else:
+    out = local_matmul(*args, static)
+  return out.reshape(*batch, m, n)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalGemm:
+  """The static arguments of one kernel GEMM (hashable: a jit / partitioning cache key)."""
+
+  block: int
+  scale: str  # "e8m0" or "ue4m3"
+  dot_dtype: str
+  tensor_scale: bool  # multiply by the NVFP4 per-tensor factor g
+  tile: tuple[int, int]  # caps of (tile_m, tile_n)
+  out_dtype: Any
+  interpret: bool
+
+
+def _check_tile(tile):
+  tile = TILE_CAP if tile is None else tuple(tile)
+  if len(tile) != 2 or any(c < 16 or c & (c - 1) for c in tile):
+    raise ValueError(f"fp4_matmul: tile caps must be two powers of two >= 16, got {tile}.")
+  return tile
+
+
+def _as_3d(q: QArray):
+  """(codes (B, rows, K/2 bytes), scales (B, rows, n_blocks)) of a QArray (..., rows, K)."""
+  *batch, rows, _ = q.codes.shape
+  b = math.prod(batch)
+  return (q.codes.reshape(b, rows, q.codes.shape[-1]),
+          q.scales.reshape(b, rows, q.scales.shape[-1]))
+
+
+def local_matmul(g, a, sa, b, sb, static: LocalGemm):
+  """The kernel GEMM of (B, M, K/2)-byte codes and (B, M, n_blocks) scales against the rhs's
+  (B, N, ...): pads M and N to whole tiles and K to whole blocks, returns (B, M, N)."""
+  _, m, _ = a.shape
+  n, n_blocks = b.shape[1], sa.shape[-1]
+  tm, tn = _tile(m, static.tile[0]), _tile(n, static.tile[1])
+  nbytes = n_blocks * static.block // 2
+  pad = lambda x, rows, cols: jnp.pad(x, ((0, 0), (0, rows - x.shape[1]), (0, cols - x.shape[2])))
+  m_pad, n_pad = -(-m // tm) * tm, -(-n // tn) * tn
+  a, sa = pad(a, m_pad, nbytes), pad(sa, m_pad, n_blocks)  # zero codes add nothing
+  b, sb = pad(b, n_pad, nbytes), pad(sb, n_pad, n_blocks)
   sbt = jnp.swapaxes(sb, 1, 2)  # (B, n_blocks, N): one row of scale bytes per block
-  g = jnp.broadcast_to(tensor_factor(lhs, rhs), (1, 1))
-  interpret = sp.resolve_interpret(interpret)
-  out = _call(g, a, sa, b, sbt, block=lhs.fmt.block_size, scale=lhs.fmt.scale,
-              dot_dtype=dot_dtype, tensor_scale=lhs.tensor_scale is not None or rhs.tensor_scale is not None,
-              tm=tm, tn=tn, out_dtype=jnp.dtype(out_dtype), interpret=interpret)
-  return out[:, :m, :n].reshape(*batch, m, n)
+  out = _call(g, a, sa, b, sbt, block=static.block, scale=static.scale,
+              dot_dtype=static.dot_dtype, tensor_scale=static.tensor_scale, tm=tm, tn=tn,
+              out_dtype=static.out_dtype, interpret=static.interpret)
+  return out[:, :m, :n]
 
 
 @functools.partial(jax.jit, static_argnames=("block", "scale", "dot_dtype", "tensor_scale", "tm",
