@@ -126,7 +126,8 @@ class Progress:
       return
     if terminal is None:
       terminal = sys.stderr.isatty()
-    if terminal:
+    import importlib.util
+    if terminal and importlib.util.find_spec("tqdm") is not None:  # else lines (a stock image)
       from tqdm import tqdm
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
     else:
