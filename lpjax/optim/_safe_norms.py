@@ -8,8 +8,9 @@ where they are not:
 * `scaled_norm` scales the tensor by an exact power of two before squaring (so the rounding of
   every square and partial sum is the plain formula's, shifted), and returns the scaled norm
   beside the true one, so that ``g / ||g||`` never divides by inf;
-* `saturate` clamps a statistic's input at ``2**63`` (``2**126`` once squared), so EMAs of
-  norms and second moments stay finite.
+* `saturate` clamps a statistic's input at `stat_limit`, the largest value whose square is
+  finite (``2**64 (1 - 2**-23)`` in float32), so EMAs of norms and second moments stay finite;
+  below it (where the plain formulas are finite) it changes nothing.
 
 Examples:
   >>> import jax.numpy as jnp
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-STAT_LIMIT = 2.0**63  # a norm or |g| above this enters the statistics as 2**63 (its square: 2**126)
 _SCALE_EXPONENT_LIMIT = 100  # 2**+-100 is a normal float32 and float64: the scaling is exact
 
 
@@ -46,9 +46,17 @@ def scaled_norm(x, x_max=None):
   return scaled * power_of_two(exponent, x.dtype), scaled, down
 
 
+def stat_limit(dtype) -> float:
+  """The largest power-of-two-grid value of `dtype` whose square is finite: 2**(maxexp / 2) times
+  (1 - eps) (float32: 2**64 - 2**41, squaring to below FLT_MAX)."""
+  info = jnp.finfo(dtype)
+  return float(2.0 ** (info.maxexp // 2) * (1 - float(info.eps)))
+
+
 def saturate(x):
-  """x clamped to [-2**63, 2**63]: the input of a statistic whose square must stay finite."""
-  return jnp.clip(x, -STAT_LIMIT, STAT_LIMIT)
+  """x clamped to +-`stat_limit`: the input of a statistic whose square must stay finite."""
+  limit = stat_limit(x.dtype)
+  return jnp.clip(x, -limit, limit)
 
 
 def finite_max(dtype):

@@ -144,7 +144,8 @@ def scale_by_spam(
       spike = jnp.where(plain, square > limit, jnp.abs(gf) > root_limit)
       bound = jnp.where(jnp.isfinite(limit), jnp.sqrt(limit), root_limit)
       gf = jnp.where(clip_on & spike, jnp.sign(gf) * bound, gf)
-      # An entry above 2**63 enters the moments at 2**63, so v (and the update) stay finite.
+      # An entry whose square overflows enters the moments at the largest one whose square does
+      # not (2**64 - 2**41 in float32), so v and the update stay finite.
       gf = safe_norms.saturate(gf)
       m = b1 * m_prev + (1 - b1) * gf
       v = b2 * v_prev + (1 - b2) * jnp.square(gf)

@@ -212,8 +212,9 @@ def scale_by_stable_spam(
       gf = jnp.where(spike, gf / safe_max * threshold, gf)
       # AdaGN (§8 step 5): rescale the clipped tensor's norm to the ratio of its norm EMAs.
       # Overflow-free, with the plain formula's bits wherever it is finite (_safe_norms): the norm
-      # from the tensor scaled by 2**-e (max|gf| <= g_max), the statistics of a norm above 2**63
-      # taken at 2**63, and the debiased root from sqrt(nu) where nu / (1 - gamma2**k) overflows.
+      # from the tensor scaled by 2**-e (max|gf| <= g_max), the statistics of a norm whose square
+      # overflows taken at the largest one that does not (2**64 - 2**41 in float32), and the
+      # debiased root from sqrt(nu) where nu / (1 - gamma2**k) overflows.
       norm, scaled_norm, down = safe_norms.scaled_norm(gf, g_max)
       norm_stat = safe_norms.saturate(norm)
       a = gamma1 * s

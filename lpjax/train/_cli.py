@@ -28,14 +28,13 @@ _OVERRIDE = re.compile(r"^--?(no)?config\.([A-Za-z0-9_.]+)(=(.*))?$", re.DOTALL)
 
 
 def config_path_of(argv) -> str | None:
-  """The value of --config in argv (None if absent)."""
+  """The value of --config in argv (the last one, as absl takes it; None if absent)."""
+  path = None
   for i, arg in enumerate(argv):
     m = re.match(r"^--?config(=(.*))?$", arg)
     if m:
-      if m.group(1) is not None:
-        return m.group(2)
-      return argv[i + 1] if i + 1 < len(argv) else None
-  return None
+      path = m.group(2) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else None)
+  return path
 
 
 def has_key(config, path: str) -> bool:
