@@ -19,7 +19,7 @@ class Task(abc.ABC):
   """A model family + its data. Subclasses set the attributes below in __init__(config, policy)."""
 
   name: str = ""  # "lm" | "classification" | "diffusion"
-  partition_rules: tuple = ()  # (regex over param paths, logical axes): see train/sharding.py
+  partition_rules: tuple = ()  # (regex over param paths, logical axes): see lpjax/train/_sharding.py
   unit: str = "examples"  # what train/<unit>_per_second counts ("tokens", "images")
   policy = None  # the run's QuantPolicy (lpjax.train._precision.build_policy), the model's default
 
