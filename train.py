@@ -82,7 +82,8 @@ def main(argv):
   except ConfigError as e:
     # A config, data or workdir problem is the user's to fix, not a crash: the message alone.
     kind = {"WorkdirInUse": "Workdir in use", "WorkdirError": "Workdir error",
-            "DataError": "Data error"}.get(type(e).__name__, "Config error")
+            "DataError": "Data error", "EnvironmentProblem": "Environment error"}.get(
+                type(e).__name__, "Config error")
     _user_error(kind, e)
   if results.get("stopped"):
     print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "

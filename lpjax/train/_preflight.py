@@ -38,6 +38,27 @@ class DataError(ConfigError):
   """The configured data cannot be read or is too small; the message says how to fix it."""
 
 
+class EnvironmentProblem(ConfigError):
+  """This machine cannot run the configured job as it is set up (e.g. JAX_PLATFORMS names a
+  backend that is not installed); the message says what to change."""
+
+
+def devices():
+  """jax.devices(), or an EnvironmentProblem naming JAX_PLATFORMS when its backend cannot start
+  (jax raises a RuntimeError, or for some platforms a bare AssertionError, with a traceback)."""
+  import jax
+
+  try:
+    return jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    detail = str(e).split("\n")[0] or type(e).__name__
+    raise EnvironmentProblem(
+        f"JAX cannot start a backend for JAX_PLATFORMS={platforms!r} ({detail}). Unset "
+        "JAX_PLATFORMS (JAX then picks what is installed) or set it to 'cpu', or install the jax "
+        "build for this accelerator (e.g. pip install -U 'jax[cuda12]').") from e
+
+
 def _first_existing_parent(path: str) -> str:
   while not os.path.lexists(path):
     parent = os.path.dirname(path)

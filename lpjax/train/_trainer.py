@@ -56,7 +56,7 @@ class Trainer:
 
   def __init__(self, config, workdir: str, *, devices=None):
     maybe_initialize_distributed(config)
-    devices = list(devices) if devices is not None else jax.devices()
+    devices = list(devices) if devices is not None else preflight.devices()
     self.config = config = cfg_lib.validate(config, len(devices), jax.process_count())
     self.workdir = os.path.abspath(workdir)
     self.flat_config = flat_config(config)  # recorded in each checkpoint's meta

@@ -141,6 +141,12 @@ def _data_errors_convert(tmp_path):
     lpdata.make_dataset("text", path=str(tmp_path / "missing.txt"), cache_dir=str(tmp_path))
 
 
+def _unprepared_tfds(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  with preflight.data_errors():
+    lpdata.make_dataset("tfds", tfds_name="c4/en", tfds_data_dir=str(tmp_path))
+
+
 def _data_errors_pass_through(tmp_path):
   try:
     with preflight.data_errors():
@@ -413,6 +419,8 @@ CASES = [
          Raises(DE, "fewer than one sequence of 17")),
     Case("data", "a missing file inside lpjax.data becomes a DataError", _data_errors_convert,
          Raises(DE, "No text files match")),
+    Case("data", "an unprepared TFDS dataset becomes a DataError with the command", _unprepared_tfds,
+         Raises(DE, "tfds build c4/en --file_format=array_record")),
     Case("data", "an error raised elsewhere is not relabelled", _data_errors_pass_through,
          Holds("a ValueError outside lpjax.data stays a ValueError")),
 
@@ -580,7 +588,7 @@ def test_a_read_only_workdir(tmp_path):
 
 # --- train.py itself: exit status 2, one message, no traceback, nothing compiled ---------------
 
-TRAIN_PY_CASES = [  # (name, extra args, expected message substring)
+TRAIN_PY_CASES = [  # (name, extra args or NAME=value environment, expected message substring)
     ("unknown key with a hint", ["--config.optimizer.lrr=2e-3"],
      "Config error: Unknown config key(s): optimizer.lrr (did you mean optimizer.lr?)"),
     ("another task's section", ["--config.diffusion.timesteps=5"],
@@ -594,6 +602,8 @@ TRAIN_PY_CASES = [  # (name, extra args, expected message substring)
      "Data error: {latin1} is not valid utf-8: invalid continuation byte at byte offset 9"),
     ("workdir is a file", ["--workdir={tmp}/a_file"],
      "Workdir error: The workdir '{tmp}/a_file' is a file, not a folder"),
+    ("JAX_PLATFORMS names a backend that is not installed", ["JAX_PLATFORMS=tpu"],
+     "Environment error: JAX cannot start a backend for JAX_PLATFORMS='tpu'"),
 ]
 
 
@@ -606,6 +616,9 @@ def train_py_runs(tmp_path_factory):
   names = {"tmp": str(tmp), "latin1": str(tmp / "latin1.txt")}
   procs = {}
   for i, (name, args, _) in enumerate(TRAIN_PY_CASES):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.update(a.split("=", 1) for a in args if not a.startswith("-"))
+    args = [a for a in args if a.startswith("-")]
     workdir = str(tmp / f"run{i}")
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), f"--workdir={workdir}",
            "--compilation_cache="]
@@ -613,8 +626,7 @@ def train_py_runs(tmp_path_factory):
       cmd.append("--config=" + os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py"))
     cmd += [a.format(**names) for a in args]
     procs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True,
-                                    env=dict(os.environ, JAX_PLATFORMS="cpu")), workdir)
+                                    stderr=subprocess.STDOUT, text=True, env=env), workdir)
   runs = {}
   for name, (proc, workdir) in procs.items():
     output, _ = proc.communicate(timeout=300)
