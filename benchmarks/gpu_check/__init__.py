@@ -21,7 +21,9 @@ next; its figures so far are kept):
   f. whole steps: LLaMA-60M and 130M train steps, tokens/s per recipe, compile time, peak device
      memory from the device's own statistics (each run in its own process); the 1B config's step
      on one device with the largest microbatch that fits;
-  g. on compute capability >= 10, the native block-scaled GEMM against the emulated one.
+  g. block-scaled GEMMs: the FP4 GEMM kernel (exact integer per-block dots; any GPU) bit for bit
+     against interpret mode and timed against a bf16 GEMM, and on compute capability >= 10 the
+     native block-scaled GEMM against the emulated one.
 
 It writes a JSON file and a Markdown report (docs/results/gpu/<gpu-model>.md) and prints the
 summary table last, with the goals of issue 38 beside the figures they judge.

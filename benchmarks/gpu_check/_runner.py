@@ -35,7 +35,7 @@ STAGES = (
     Stage("d", "bandwidth", "bandwidth vs a device copy", 150, 90),
     Stage("e", "gemm", "GEMM overhead (SwiGLU MLP fwd+bwd)", 80, 90),
     Stage("f", "steps", "LLaMA train steps", 240, 180),
-    Stage("g", "native", "native block-scaled GEMM (cc >= 10)", 60, 60),
+    Stage("g", "native", "block-scaled GEMMs: FP4 kernel, native (cc >= 10)", 90, 60),
 )
 TOTAL_LIMIT_S = 600  # the whole check on one H100/H200 (issue 38)
 RESERVE_S = 15  # kept for each later stage when an earlier one would eat the total

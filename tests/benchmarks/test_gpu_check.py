@@ -20,7 +20,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.gpu_check import _data, _report, _runner, bandwidth, kernels, steps  # noqa: E402
+from benchmarks.gpu_check import (_data, _report, _runner, bandwidth, kernels, native,  # noqa: E402
+                                  steps)
 
 FAKE_STAGES = {
     "fake_crash": """
@@ -165,6 +166,15 @@ def test_every_stage_f_run_builds_from_its_config():
     _, state, batch, _ = steps.build_step(dict(spec, abstract=True))
     assert batch["inputs"].shape == (spec["batch"], spec["seq_len"])
     assert all(len(leaf.sharding.device_set) == 1 for leaf in jax.tree.leaves(state))
+
+
+@pytest.mark.parametrize("fmt", native.FP4_FORMATS)
+def test_the_stage_g_fp4_gemm_kernel_lowers_for_cuda(fmt):
+  from lpjax import pallas, quant
+  for m, n, k in native.shapes(False).values():
+    qa, qb = (jax.eval_shape(lambda rows=rows: quant.quantize(jnp.zeros((rows, k)), fmt, impl="xla"))
+              for rows in (m, n))
+    assert _lowers_to_triton(lambda u, v: pallas.fp4_matmul(u, v, interpret=False), qa, qb), (m, k)
 
 
 @pytest.fixture
