@@ -376,15 +376,31 @@ def _is_identity(recipe: GemmRecipe, lhs, rhs, pet) -> bool:
   return dt is None or (dt == jnp.float32 and lhs.dtype == rhs.dtype == jnp.float32)
 
 
+def _natural(x, contracting, batch, first: bool) -> bool:
+  """True when `x`'s contracting dims come right after its batch dims (first=True: the rhs of a
+  row-major GEMM) or last (False: the lhs), so that the canonical GEMM needs no transpose."""
+  free = [d for d in range(x.ndim) if d not in batch]
+  k = len(contracting)
+  return list(contracting) == (free[:k] if first else free[len(free) - k:])
+
+
 def _quantized_dot(eqn, lhs, rhs, weight: str, recipe, key, rhs_axes):
   (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
   pet = eqn.params.get("preferred_element_type")
+  if weight == "none":
+    # Two activations: `jnp.einsum` may have put them in either order. Run them in the order
+    # whose canonical GEMM needs no transposes (probabilities x values, not values x
+    # probabilities): the order lpjax's own layers use, same bits and no transposed copy.
+    as_is = _natural(lhs, lc, lb, False) + _natural(rhs, rc, rb, True)
+    swapped = _natural(rhs, rc, rb, False) + _natural(lhs, lc, lb, True)
+    weight = "lhs" if swapped > as_is else "none"
   if weight != "lhs":
     axes = rhs_axes if _plain_weight(rhs, rc, rb) else None
     return dot_general(lhs, rhs, ((lc, rc), (lb, rb)), recipe, key=key,
                        preferred_element_type=pet, rhs_axes=axes)
-  # the weight is the lhs: run W as the recipe's rhs, then restore lax's (batch, lhs, rhs) order
-  axes = rhs_axes if _plain_weight(lhs, lc, lb) else None
+  # the weight (or the operand swapped in above) is the lhs: run it as the recipe's rhs, then
+  # restore lax's (batch, lhs, rhs) order
+  axes = rhs_axes if (rhs_axes is not None and _plain_weight(lhs, lc, lb)) else None
   y = dot_general(rhs, lhs, ((rc, lc), (rb, lb)), recipe, key=key, preferred_element_type=pet,
                   rhs_axes=axes)
   nb, n_act = len(lb), rhs.ndim - len(rc) - len(rb)

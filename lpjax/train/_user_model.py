@@ -8,9 +8,12 @@ run's `seed`). Its GEMMs run through the run's `QuantPolicy` by interception
 (`lpjax.quant.quantize_model`), so recipes, kept layers, stochastic-rounding keys, the precision
 schedule and the FP4 weight all-gather apply as to lpjax's own models.
 
-Sharding: a parameter's logical axes come from the model's metadata when it has it
-(`nnx.with_partitioning` / `nn.with_logical_partitioning` with lpjax's logical names: embed,
-mlp, heads, vocab, norm), otherwise FSDP over its largest dimension ("embed" on that axis).
+Sharding: a parameter's logical axes come from the model when it declares them, with lpjax's
+logical names (embed, mlp, heads, vocab, norm): a `partition_rules` attribute of (regex over
+parameter paths, axes) pairs as lpjax's models have, or `nnx.with_partitioning` /
+`nn.with_logical_partitioning` metadata; otherwise FSDP over the largest dimension ("embed" on
+that axis, which the mesh's fsdp axis splits). 2-D weights are gathered as FP4 codes and scales
+under fsdp (`quant.gather_quantized_weights`), as lpjax's own layers are.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -38,7 +41,7 @@ from flax import nnx
 
 from lpjax import quant
 from lpjax.train import config as cfg_lib
-from lpjax.train._sharding import LOGICAL_RULES
+from lpjax.train._sharding import LOGICAL_RULES, logical_axes_for
 
 FACTORY_ARGS = ("vocab_size", "seq_len", "num_classes", "image_shape", "config", "rngs")
 
@@ -90,16 +93,19 @@ class UserModel:
     available["rngs"] = nnx.Rngs(key)
     model = _call_factory(self.factory, available)
     self._nnx = isinstance(model, nnx.Module)
+    rules = getattr(model, "partition_rules", None)  # the model's own (regex, logical axes)
     if self._nnx:
       self._names = _nnx_axis_names(model)
       graphdef, params, rest = nnx.split(model, nnx.Param, ...)
       self._graphdef = graphdef
+      self._names.update(_axes_by_rules(params, rules))
       return model, params, (rest if jax.tree.leaves(rest) else None)
     self._linen = model
     variables = model.init(key, self.example)
     self._names = _linen_axis_names(variables.get("params", {}))
     variables = nn.meta.unbox(variables)
     params = variables.pop("params", {})
+    self._names.update(_axes_by_rules(params, rules))
     return model, params, dict(variables) or None
 
   def init_variables(self, key):
@@ -180,6 +186,20 @@ def _linen_axis_names(params) -> dict:
   for kp, leaf in flat:
     if isinstance(leaf, nn.LogicallyPartitioned):
       out[_path(kp)] = tuple(leaf.names)
+  return out
+
+
+def _axes_by_rules(params, rules) -> dict:
+  """{path: logical axes} of the parameters that a model's own `partition_rules` attribute
+  ((regex, axes), as lpjax's models declare them) names."""
+  if not rules:
+    return {}
+  out = {}
+  for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    path = _path(kp)
+    axes = logical_axes_for(path, len(getattr(leaf, "shape", ())), rules)
+    if any(a is not None for a in axes):
+      out[path] = axes
   return out
 
 

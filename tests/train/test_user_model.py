@@ -37,6 +37,19 @@ def test_plain_flax_llama_trains_bit_identically_to_lpjax_llama(tmp_path):
 
 
 @pytest.mark.slow
+def test_plain_flax_llama_under_fsdp_is_bit_identical_to_lpjax_llama(tmp_path):
+  """8 devices, fsdp: the same sharding (the model's partition_rules) and the FP4 weight
+  all-gather through the interception give lpjax's LLaMA's losses to the bit."""
+  c = lambda **kw: small("mxfp4", "stable_spam", steps=2, **{"mesh.data": 1, "mesh.fsdp": 8, **kw})
+  lp, r_lp = _run(tmp_path, "lpjax", c())
+  ours, r_ours = _run(tmp_path, "factory", c(**{"model.factory": FACTORY}))
+  kernel = ours.final_state.params["layers"]["mlp"]["up_proj"]["kernel"][...]
+  assert "fsdp" in str(kernel.sharding.spec) and len(kernel.sharding.device_set) == 8
+  for key in ("final_train_loss", "final_eval_loss"):
+    assert r_ours[key] == r_lp[key], key
+
+
+@pytest.mark.slow
 def test_factory_model_under_fsdp_matches_one_device(tmp_path):
   c = lambda **kw: small("mxfp4_naive", steps=2, **{"model.factory": "user_models:linen_lm",
                                                       "mesh.data": 1, **kw})

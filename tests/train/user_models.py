@@ -20,6 +20,7 @@ def plain_llama(vocab_size, seq_len, config, rngs):
   cfg = llama.LlamaConfig.from_size(config.model.size, vocab_size=vocab_size, max_seq_len=seq_len)
   model = PlainLlama(cfg, scan=True, rngs=nnx.Rngs(0))
   nnx.update(model, llama.init_params(cfg, rngs.default.key[...]))
+  model.partition_rules = llama.PARTITION_RULES  # shard as lpjax's LLaMA is
   return model
 
 
