@@ -112,8 +112,11 @@ def data_errors():
     message = str(e)
     if isinstance(e, ImportError) and "pip install" not in message:
       message += f". Install the missing package ({e.name or 'see the message'}) with pip."
-    elif isinstance(e, OSError) and e.filename and str(e.filename) not in message:
-      message += f" ({e.filename})"
+    elif isinstance(e, OSError) and e.filename and not message.startswith(("No ", "TFDS", "data.")):
+      # an operating-system error on a data file or the token cache, not one of lpjax's messages
+      message = (f"Cannot use {e.filename!r} for the data: {e.strerror or message}. Check "
+                 "data.path (the corpus) and data.cache_dir or $LPJAX_CACHE_DIR (the token cache, "
+                 "a folder that can be written)")
     raise DataError(f"{message} (check the config's data.* keys)" if "data." not in message
                     else message) from e
 

@@ -262,14 +262,20 @@ def _check_mesh(config, device_count, process_count, heads, problems) -> int:
   return data
 
 
-def _tokenizer_vocab(tok: str) -> int | None:
-  """The tokenizer's vocabulary size, or None when it cannot be built (data loading says why)."""
+def _tokenizer_vocab(tok: str, problems) -> int | None:
+  """The tokenizer's vocabulary size, or None (with the problem) when it cannot be built."""
   from lpjax.data import get_tokenizer
 
   try:
     return int(get_tokenizer(tok).vocab_size)
-  except Exception:  # noqa: BLE001  (no sentencepiece, or not a model file)
-    return None
+  except ImportError as e:
+    problems.append(f"data.tokenizer {tok!r} needs the sentencepiece package ({e}); install it "
+                    "with: pip install sentencepiece (or use data.tokenizer='byte').")
+  except Exception as e:  # noqa: BLE001  (sentencepiece's own errors are RuntimeError / OSError)
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    problems.append(f"data.tokenizer {tok!r} is not a SentencePiece model file ({first}); give the "
+                    "path of a .model file (e.g. T5's spiece.model) or 'byte'.")
+  return None
 
 
 def _validate_lm(config, problems) -> int:
@@ -315,7 +321,7 @@ def _validate_lm(config, problems) -> int:
     problems.append(f"data.tokenizer {tok!r} is neither 'byte' nor an existing SentencePiece "
                     ".model file; give the path of the model file (e.g. T5's spiece.model).")
   else:
-    vocab = _tokenizer_vocab(tok)
+    vocab = _tokenizer_vocab(tok, problems)
     if config.model.vocab_size < 0:
       problems.append(f"model.vocab_size must be >= 0 (0: the tokenizer's), got "
                       f"{config.model.vocab_size}.")
@@ -361,7 +367,12 @@ def _check_text_files(d, problems):
 
 
 def _check_data_keys(config, problems):
-  """Every data.* key that differs from its default is read by the configured data.source."""
+  """Every data.* key that differs from its default is read by the configured data.source, and
+  data.cache_dir, if set, is not a file."""
+  cache = os.path.expanduser(config.data.cache_dir)
+  if cache and os.path.exists(cache) and not os.path.isdir(cache):
+    problems.append(f"data.cache_dir {config.data.cache_dir!r} is a file; give a folder for the "
+                    "token cache, or '' for $LPJAX_CACHE_DIR or ~/.cache/lpjax.")
   kind = "lm" if config.task == "lm" else "images"
   by_source = DATA_KEYS_BY_SOURCE[kind]
   source = config.data.source

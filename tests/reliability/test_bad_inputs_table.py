@@ -141,6 +141,11 @@ def _data_errors_convert(tmp_path):
     lpdata.make_dataset("text", path=str(tmp_path / "missing.txt"), cache_dir=str(tmp_path))
 
 
+def _cache_under_a_file(tmp_path):
+  with preflight.data_errors():
+    lpdata.text_dataset(_text(tmp_path), "byte", cache_root=_file(tmp_path, "cache", b"x"))
+
+
 def _unprepared_tfds(tmp_path):
   pytest.importorskip("tensorflow_datasets")
   with preflight.data_errors():
@@ -376,6 +381,12 @@ CASES = [
     Case("config", "missing SentencePiece file",
          lambda t: _validate(_with(**{"data.tokenizer": str(t / "spiece.model")})),
          Raises(CE, "is neither 'byte' nor an existing SentencePiece .model file")),
+    Case("config", "a SentencePiece path that is not a model",
+         lambda t: _validate(_with(**{"data.tokenizer": _file(t, "spiece.model", b"not a model")})),
+         Raises(CE, "is not a SentencePiece model file (")),
+    Case("config", "data.cache_dir naming a file",
+         lambda t: _validate(_with(**{"data.cache_dir": _file(t, "cache", b"x")})),
+         Raises(CE, "is a file; give a folder for the token cache")),
     Case("config", "a text corpus with its own keys validates",
          lambda t: _validate(_with(**{"data.source": "text", "data.path": _text(t),
                                       "data.encoding": "latin-1",
@@ -419,6 +430,8 @@ CASES = [
          Raises(DE, "fewer than one sequence of 17")),
     Case("data", "a missing file inside lpjax.data becomes a DataError", _data_errors_convert,
          Raises(DE, "No text files match")),
+    Case("data", "a token cache that cannot be a folder", _cache_under_a_file,
+         Raises(DE, "Not a directory. Check data.path (the corpus) and data.cache_dir")),
     Case("data", "an unprepared TFDS dataset becomes a DataError with the command", _unprepared_tfds,
          Raises(DE, "tfds build c4/en --file_format=array_record")),
     Case("data", "an error raised elsewhere is not relabelled", _data_errors_pass_through,
@@ -595,6 +608,8 @@ TRAIN_PY_CASES = [  # (name, extra args or NAME=value environment, expected mess
      "Config error: diffusion.timesteps applies to task 'diffusion' only"),
     ("a float for an int", ["--config.steps=1.5"],
      "Flag error: --config.steps must be an int"),
+    ("unknown flag", ["--workdirr=x"], "Flag error: Unknown command line flag 'workdirr'. Did you "
+                                       "mean: workdir ?"),
     ("no such config file", ["--config=configs/no_such_config.py"],
      "Flag error: --config=configs/no_such_config.py: no such file"),
     ("Latin-1 corpus", ["--config.data.source=text", "--config.data.path={latin1}",
