@@ -19,7 +19,10 @@ from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
-NAMES = ("quickstart", "train_llama_fp4", "stable_spam")
+NAMES = ("quickstart", "train_llama_fp4", "stable_spam", "your_own_model")
+# Saved with the outputs of a full run (its plots and call-site tables are the point); the
+# others are saved without outputs.
+SAVED_WITH_OUTPUTS = ("your_own_model",)
 REPO_URL = "https://github.com/lpjax/lpjax"
 CELL_TIMEOUT_S = 300  # a whole notebook takes < 3 minutes on a 2-core CPU
 
@@ -62,7 +65,7 @@ def test_first_code_cell_installs_lpjax_only_when_missing(name):
   assert "pip" not in "".join(ast.unparse(s) for s in guard.body + guard.orelse + guard.finalbody)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in SAVED_WITH_OUTPUTS])
 def test_saved_without_outputs(name):
   nb = _load(name)
   assert nb.metadata.kernelspec.name == "python3"
@@ -70,6 +73,18 @@ def test_saved_without_outputs(name):
     assert cell.outputs == [] and cell.execution_count is None, (
         f"{name}.ipynb is saved with outputs; clear them (Jupyter: Edit > Clear Outputs of All "
         "Cells) to keep the repository small")
+
+
+@pytest.mark.parametrize("name", SAVED_WITH_OUTPUTS)
+def test_saved_with_the_outputs_of_one_full_run(name):
+  nb = _load(name)
+  assert nb.metadata.kernelspec.name == "python3"
+  cells = _code_cells(nb)
+  assert [c.execution_count for c in cells] == list(range(1, len(cells) + 1)), (
+      f"{name}.ipynb is saved with outputs: save it after one Run All in a fresh kernel")
+  outputs = [o for c in cells for o in c.outputs]
+  assert not [o for o in outputs if o.output_type == "error"]
+  assert any("image/png" in o.get("data", {}) for o in outputs), "saved without its figure"
 
 
 def _kernel_env(tmp_path: Path) -> dict:
@@ -85,7 +100,8 @@ def _kernel_env(tmp_path: Path) -> dict:
 
 
 # Shorter runs for CI: (the notebook's line, its replacement). The test fails if the line is gone.
-SHORTER = {"train_llama_fp4": ("STEPS = 80\n", "STEPS = 20\n")}
+SHORTER = {"train_llama_fp4": ("STEPS = 80\n", "STEPS = 20\n"),
+           "your_own_model": ("STEPS = 200\n", "STEPS = 50\n")}
 
 
 def _shortened(nb, name):
