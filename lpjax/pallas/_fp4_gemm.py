@@ -216,21 +216,6 @@ def _check_pair(lhs, rhs):
                      "(..., M, K) x (..., N, K).")
 
 
-def _operand_3d(q: QArray, rows_pad: int, n_blocks: int):
-  """(B, rows_pad, n_blocks * block / 2) codes and (B, rows_pad, n_blocks) scales, zero-padded.
-
-  Zero codes are zeros, whatever their block's scale: padding adds nothing to any sum.
-  """
-  *batch, rows, _ = q.shape
-  b = math.prod(batch)
-  codes = q.codes.reshape(b, rows, q.codes.shape[-1])
-  scales = q.scales.reshape(b, rows, q.scales.shape[-1])
-  nbytes = n_blocks * q.fmt.block_size // 2
-  codes = jnp.pad(codes, ((0, 0), (0, rows_pad - rows), (0, nbytes - codes.shape[-1])))
-  scales = jnp.pad(scales, ((0, 0), (0, rows_pad - rows), (0, n_blocks - scales.shape[-1])))
-  return codes, scales
-
-
 def tensor_factor(lhs: QArray, rhs: QArray):
   """fl32(g_a g_b) with g = fl32(amax_t * fl32(1/2688)), or 1 where amax_t is 0 or absent."""
   def g(q):
@@ -239,18 +224,6 @@ def tensor_factor(lhs: QArray, rhs: QArray):
     amax = jnp.asarray(q.tensor_scale, F32)
     return jnp.where(amax == 0, F32(1.0), amax * F32(NVFP4_DECODE))
   return (g(lhs) * g(rhs)).astype(F32)
-
-
-def _plan(lhs, rhs, tile):
-  *batch, m, k = lhs.shape
-  n = rhs.shape[-2]
-  cap_m, cap_n = TILE_CAP if tile is None else tile
-  for c in (cap_m, cap_n):
-    if c < 16 or c & (c - 1):
-      raise ValueError(f"fp4_matmul: tile caps must be powers of two >= 16, got {tile}.")
-  tm, tn = _tile(m, cap_m), _tile(n, cap_n)
-  n_blocks = -(-k // lhs.fmt.block_size)
-  return batch, m, n, k, tm, tn, -(-m // tm) * tm, -(-n // tn) * tn, n_blocks
 
 
 def fp4_matmul(lhs: QArray, rhs: QArray, *, out_dtype=jnp.float32, interpret=None, tile=None,
@@ -316,6 +289,11 @@ def _as_3d(q: QArray):
           q.scales.reshape(b, rows, q.scales.shape[-1]))
 
 
+def _pad3(x, rows: int, cols: int):
+  """Zero-pads (B, r, c) to (B, rows, cols)."""
+  return jnp.pad(x, ((0, 0), (0, rows - x.shape[1]), (0, cols - x.shape[2])))
+
+
 def local_matmul(g, a, sa, b, sb, static: LocalGemm):
   """The kernel GEMM of (B, M, K/2)-byte codes and (B, M, n_blocks) scales against the rhs's
   (B, N, ...): pads M and N to whole tiles and K to whole blocks, returns (B, M, N)."""
@@ -323,10 +301,9 @@ def local_matmul(g, a, sa, b, sb, static: LocalGemm):
   n, n_blocks = b.shape[1], sa.shape[-1]
   tm, tn = _tile(m, static.tile[0]), _tile(n, static.tile[1])
   nbytes = n_blocks * static.block // 2
-  pad = lambda x, rows, cols: jnp.pad(x, ((0, 0), (0, rows - x.shape[1]), (0, cols - x.shape[2])))
   m_pad, n_pad = -(-m // tm) * tm, -(-n // tn) * tn
-  a, sa = pad(a, m_pad, nbytes), pad(sa, m_pad, n_blocks)  # zero codes add nothing
-  b, sb = pad(b, n_pad, nbytes), pad(sb, n_pad, n_blocks)
+  a, sa = _pad3(a, m_pad, nbytes), _pad3(sa, m_pad, n_blocks)  # zero codes add nothing
+  b, sb = _pad3(b, n_pad, nbytes), _pad3(sb, n_pad, n_blocks)
   sbt = jnp.swapaxes(sb, 1, 2)  # (B, n_blocks, N): one row of scale bytes per block
   out = _call(g, a, sa, b, sbt, block=static.block, scale=static.scale,
               dot_dtype=static.dot_dtype, tensor_scale=static.tensor_scale, tm=tm, tn=tn,
@@ -368,9 +345,13 @@ def block_partials(lhs: QArray, rhs: QArray, *, interpret=None, dot_dtype: str |
   lhs, rhs = untile(lhs), untile(rhs)
   _check_pair(lhs, rhs)
   dot_dtype = default_dot_dtype(lhs.fmt) if dot_dtype is None else dot_dtype
-  batch, m, n, _, tm, tn, m_pad, n_pad, n_blocks = _plan(lhs, rhs, None)
-  a, _ = _operand_3d(lhs, m_pad, n_blocks)
-  b, _ = _operand_3d(rhs, n_pad, n_blocks)
+  (a, sa), (b, _) = _as_3d(lhs), _as_3d(rhs)
+  (_, m, _), n, n_blocks = a.shape, b.shape[1], sa.shape[-1]
+  batch = lhs.codes.shape[:-2]
+  tm, tn = _tile(m, TILE_CAP[0]), _tile(n, TILE_CAP[1])
+  m_pad, n_pad = -(-m // tm) * tm, -(-n // tn) * tn
+  a = _pad3(a, m_pad, n_blocks * lhs.fmt.block_size // 2)
+  b = _pad3(b, n_pad, n_blocks * lhs.fmt.block_size // 2)
   nbytes = lhs.fmt.block_size // 2
   interpret = sp.resolve_interpret(interpret)
   out = pl.pallas_call(
