@@ -8,8 +8,8 @@ GEMMs (M x N x K; TFLOP/s = 2 M N K / seconds): square 4096^3 and 8192^3, and th
 projections at --tokens rows (qkv/o 2048 x 2048, gate/up 2048 -> 5632, down 5632 -> 2048). Rows:
 `bf16` (jnp.dot of bf16 operands, float32 accumulation, bf16 out), `fp8` (e4m3 operands, GPUs of
 compute capability >= 8.9 only), `emulated mxfp4` (lpjax's emulated GEMM: dequantize both QArrays
-to bf16, then the bf16 dot), and the kernel (`pallas.fp4_matmul`, bf16 out) on MXFP4 and NVFP4
-QArrays quantized beforehand (the quantizers are not timed here; the train step times them).
+to bf16, then the bf16 dot), and the kernel (`pallas.fp4_matmul`, bf16 out; with fp8 dots too
+where the GPU has them) on MXFP4 and NVFP4 QArrays quantized beforehand (the quantizers are not timed here; the train step times them).
 Every figure is the median of --repeats synchronized calls after a warm-up, all in this process,
 and each kernel row says whether its result matched the float32 GEMM of the dequantized operands
 (max error / max |value|).
@@ -104,6 +104,9 @@ def measure_gemms(shapes, *, repeats: int, tile=None, interpret=None, check_exac
       errors[name] = float(jnp.abs(y32 - ref).max() / jnp.abs(ref).max())
       if check_exact:
         exact[name] = _exact_check(qa, qb, y32)
+      if fmt == "mxfp4" and _has_fp8():  # Hopper: the same blocks on the FP8 tensor cores
+        cases["kernel mxfp4 fp8 dots"] = (jax.jit(lambda x, y: pallas.fp4_matmul(
+            x, y, out_dtype=jnp.bfloat16, tile=tile, dot_dtype="float8_e4m3fn")), (qa, qb))
     times = {name: median_seconds(fn, *args, repeats=repeats, warmup=1)
              for name, (fn, args) in cases.items()}
     for name, s in times.items():

@@ -51,7 +51,7 @@ from lpjax.quant._quantize import QArray
 U32 = jnp.uint32
 I32 = jnp.int32
 F32 = jnp.float32
-DOT_DTYPES = ("int8", "bfloat16")
+DOT_DTYPES = ("int8", "bfloat16", "float8_e4m3fn")
 NVFP4_DECODE = 1.0 / 2688.0  # amax_t / (448 * 6): NVFP4's per-tensor decode factor (numerics §5)
 TILE_CAP = (64, 64)  # default caps of (tile_m, tile_n); powers of two >= 16 (Triton's dot minimum)
 
@@ -117,7 +117,8 @@ def block_dot(a_packed, b_packed, dot_dtype: str):
   if dot_dtype == "int8":
     return jax.lax.dot_general(a.astype(jnp.int8), b.astype(jnp.int8), (((1,), (1,)), ((), ())),
                                preferred_element_type=I32)
-  p = jax.lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+  dtype = jnp.dtype(dot_dtype)  # bf16 / e4m3 hold the integers 0..12 exactly
+  p = jax.lax.dot_general(a.astype(F32).astype(dtype), b.astype(F32).astype(dtype),
                           (((1,), (1,)), ((), ())), preferred_element_type=F32)
   return p.astype(I32)  # an integer below 2^13: exact in float32
 
@@ -236,7 +237,8 @@ def fp4_matmul(lhs: QArray, rhs: QArray, *, out_dtype=jnp.float32, interpret=Non
     out_dtype: float32 (default) or bfloat16 (rounded once, from the float32 result).
     interpret: None (compile with Triton on a GPU, interpret elsewhere), True or False.
     tile: caps (tile_m, tile_n) of the output tile, powers of two >= 16.
-    dot_dtype: "int8" or "bfloat16" tensor-core dots (None: `default_dot_dtype`); same result.
+    dot_dtype: "int8", "bfloat16" or "float8_e4m3fn" tensor-core dots (None:
+      `default_dot_dtype`); the same integers wherever the dot accumulates them exactly.
 
   Returns:
     (..., M, N) in out_dtype: per block an exact integer dot, scaled exactly in float32, summed

@@ -229,7 +229,8 @@ class TestInterpret:
   def test_dot_dtypes_and_bf16_output(self, fmt):
     qa, qb = quantized((16, 96), fmt, 14), quantized((32, 96), fmt, 15)
     y = self.mm(qa, qb, dot_dtype="int8")
-    np.testing.assert_array_equal(np.asarray(self.mm(qa, qb, dot_dtype="bfloat16")), np.asarray(y))
+    for dot_dtype in ("bfloat16", "float8_e4m3fn"):
+      np.testing.assert_array_equal(np.asarray(self.mm(qa, qb, dot_dtype=dot_dtype)), np.asarray(y))
     yb = self.mm(qa, qb, out_dtype=jnp.bfloat16)
     assert yb.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(yb), np.asarray(y.astype(jnp.bfloat16)))

@@ -32,6 +32,8 @@ CASES = {
                                       dict(tile=(128, 128))),
     "mxfp4_bf16_dots": lambda: (_q((64, 128), "mxfp4"), _q((64, 128), "mxfp4"),
                                 dict(dot_dtype="bfloat16")),
+    "mxfp4_fp8_dots": lambda: (_q((64, 128), "mxfp4"), _q((64, 128), "mxfp4"),
+                               dict(dot_dtype="float8_e4m3fn")),
     "nvfp4": lambda: (_q((128, 256), "nvfp4"), _q((64, 256), "nvfp4"), {}),
     "nvfp4_int8_dots": lambda: (_q((64, 256), "nvfp4"), _q((64, 256), "nvfp4"),
                                 dict(dot_dtype="int8")),
