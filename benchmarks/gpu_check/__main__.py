@@ -40,10 +40,6 @@ def _run_one(args) -> int:
   rec = _record.Recorder(args.result, args.stage, deadline=args.deadline, dry_run=args.dry_run)
   try:
     importlib.import_module(module).run(rec, args.dry_run)
-  except _record.StageSkipped as e:
-    rec.data["status"], rec.data["error"] = "skip", str(e)
-    rec.flush()
-    return 0
   except Exception as e:  # recorded, and the parent goes on with the next stage
     traceback.print_exc()
     rec.data["status"], rec.data["error"] = "fail", f"{type(e).__name__}: {e}"[:2000]

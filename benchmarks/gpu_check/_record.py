@@ -8,10 +8,6 @@ import os
 import time
 
 
-class StageSkipped(Exception):
-  """Raised by a stage that does not apply here (e.g. no Blackwell GPU); the reason is shown."""
-
-
 class Recorder:
   """The result of one stage, written to `path` (JSON) after each entry.
 

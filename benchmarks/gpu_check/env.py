@@ -17,7 +17,7 @@ def _versions() -> dict:
   """Versions of jax, jaxlib and every installed distribution whose name starts with 'jax'."""
   out = {}
   for dist in importlib.metadata.distributions():
-    name = (dist.metadata["Name"] or "").lower()
+    name = (dist.metadata["Name"] or "").lower().replace("_", "-")
     if name.startswith("jax") or name in ("flax", "optax", "orbax-checkpoint", "ml-collections",
                                           "ml-dtypes", "numpy"):
       out[name] = dist.version
@@ -47,9 +47,10 @@ def describe() -> dict:
               compute_capability=getattr(d, "compute_capability", None),
               memory_gib=round(stats["bytes_limit"] / 2**30, 2) if "bytes_limit" in stats else None,
               python=platform.python_version(), machine=platform.machine())
-  try:  # "cuda 12080" and the like; the attribute moved between jax versions
-    backend = jax.extend.backend.get_backend() if hasattr(jax, "extend") else None
-    info["platform_version"] = " ".join(str(backend.platform_version).split()) if backend else None
+  try:  # "PJRT C API cuda 12080" and the like; where the backend object lives moved across jax
+    import jax.extend.backend
+    backend = jax.extend.backend.get_backend()
+    info["platform_version"] = " ".join(str(backend.platform_version).split())
   except Exception:  # noqa: BLE001 (a description, never a failure)
     info["platform_version"] = None
   info["nvidia_smi"] = _nvidia_smi()
