@@ -67,7 +67,7 @@ class QuantizedModel(nnx.Module):
     def call(params, rest, *a, **kw):
       model = nnx.merge(graphdef, params, rest)
       out = model(*a, **kw)
-      return out, nnx.state(model)
+      return out, nnx.state(model, nnx.Not(nnx.Param))  # parameters are not written back
 
     return run(call, self.policy, (params, rest) + tuple(args), kwargs, quant_key=quant_key,
                weights_argnums=(0,), weight_axes=self.weight_axes)

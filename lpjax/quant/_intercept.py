@@ -66,7 +66,10 @@ _GEMMS = ("dot_general", "conv_general_dilated")
 # Ops that move or cast a weight without mixing it with anything: their result is still it.
 _LAYOUT_OPS = {"convert_element_type", "reshape", "transpose", "copy", "copy_p", "squeeze",
                "expand_dims", "sharding_constraint", "mesh_cast", "slice", "dynamic_slice",
-               "reduce_precision", "optimization_barrier"}
+               "reduce_precision"}
+
+# Ops with n operands and n results, the i-th result being the i-th operand (moved or pinned).
+_PER_OPERAND_OPS = {"optimization_barrier", "device_put", "pvary", "pbroadcast"}
 
 _SITES: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_sites", default=None)
 # parameter paths that a scan over blocks slices (stacked layers), collected while tracing
@@ -148,9 +151,15 @@ class _Run:
         for v in eqn.outvars:
           feeds[v] = in_feeds
         if name in _LAYOUT_OPS and eqn.invars and weight_of(eqn.invars[0]) is not None:
-          w = wenv[eqn.invars[0]]
           for v in eqn.outvars:
-            wenv[v] = w
+            wenv[v] = wenv[eqn.invars[0]]
+        elif name in _PER_OPERAND_OPS:  # n operands -> n results, each its operand
+          for v_in, v_out in zip(eqn.invars, eqn.outvars):
+            if weight_of(v_in) is not None:
+              wenv[v_out] = wenv[v_in]
+        elif _computed_weight(eqn, weight_of) is not None:
+          for v in eqn.outvars:
+            wenv[v] = _computed_weight(eqn, weight_of)
       for v, x in zip(eqn.outvars, outs):
         env[v] = x
     return [read(v) for v in jaxpr.outvars]
@@ -323,6 +332,16 @@ class _Run:
                          recipe="", status=UNCHANGED, reason=reason))
         elif _has_gemm(inner):
           self._list_inner(inner, scope.inside(inner), reason)
+
+
+def _computed_weight(eqn, weight_of):
+  """A weight computed from parameters alone (weight normalisation, a LoRA product, a scale
+  folded in): the operands are all parameters (or literals), and the result is named after the
+  largest of them."""
+  refs = [(v, weight_of(v)) for v in eqn.invars if not isinstance(v, jcore.Literal)]
+  if not refs or any(w is None for _, w in refs) or _has_gemm(eqn):
+    return None
+  return max(refs, key=lambda r: r[0].aval.size if hasattr(r[0].aval, "size") else 0)[1]
 
 
 def _inner_jaxprs(eqn):

@@ -80,9 +80,15 @@ class Report:
 
 
 def module_path(weight_path: str) -> str:
-  """A parameter's path -> the path of the layer that owns it (its leaf name dropped)."""
+  """A parameter's path -> the path of the layer that owns it: a conventional leaf name
+  ("kernel", "weight", "w", ...) is dropped, any other name is the site's own ("attn/wq").
+
+  Examples:
+    >>> module_path("layers/0/mlp/up/kernel"), module_path("attn/wq"), module_path("lora/lora_a")
+    ('layers/0/mlp/up', 'attn/wq', 'lora/lora_a')
+  """
   head, _, leaf = weight_path.rpartition("/")
-  return head if head and leaf in _LEAF_NAMES else (head or weight_path)
+  return head if head and leaf in _LEAF_NAMES else weight_path
 
 
 def common_path(paths: Sequence[str]) -> str:

@@ -243,3 +243,45 @@ def test_nnx_model_state_updates_and_rngs_stream():
   step = nnx.jit(lambda m, x: nnx.grad(lambda m: jnp.sum(m(x) ** 2))(m))
   grads = step(q, x)
   assert grads["model"]["up"]["kernel"][...].shape == (16, 32)
+
+
+def test_remat_blocks_match_lpjax_llama_with_remat():
+  """nnx.remat around each scanned block (a checkpoint inside the scan) is rewritten inside."""
+  cfg = CFG.__class__(**{**CFG.__dict__, "remat": True})
+  policy = quant.QuantPolicy.from_settings("mxfp4")
+  graphdef, _ = llama.abstract_model(cfg, policy)
+  params = llama.init_params(cfg, jax.random.key(0), policy)
+  want = jax.jit(lambda p: llama.apply(graphdef, cfg, p, TOKENS, None, KEY).sum())(params)
+  plain = PlainLlama(cfg, scan=True, remat=True, rngs=nnx.Rngs(0))
+  nnx.update(plain, params)
+  got = quant.quantize_model(plain, policy)(TOKENS, quant_key=KEY).sum()
+  assert float(got) == float(want)
+
+
+def test_inside_shard_map_each_shard_runs_the_intercepted_function():
+  from jax.sharding import Mesh, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  w = {"dense": {"kernel": jax.random.normal(jax.random.key(1), (64, 32))}}
+  x = jax.random.normal(jax.random.key(2), (8, 4, 64))
+  qf = quant.quantized(lambda p, x: jnp.tanh(x @ p["dense"]["kernel"]), "mxfp4_naive")
+  sharded = jax.jit(jax.shard_map(lambda p, x: qf(p, x[0])[None], mesh=mesh,
+                                  in_specs=(P(), P("data")), out_specs=P("data")))
+  assert np.array_equal(sharded(w, x), jnp.stack([qf(w, xi) for xi in x]))
+
+
+def test_computed_weights_and_parameter_names_are_sites():
+  """A weight computed from parameters alone (weight normalisation) is still the weight; a
+  parameter with its own name (not "kernel") names its own site."""
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.wq = nnx.Param(jax.random.normal(rngs.params(), (64, 64)))
+      self.wk = nnx.Param(jax.random.normal(rngs.params(), (64, 64)))
+      self.g = nnx.Param(jnp.ones((64,)))
+
+    def __call__(self, x):
+      wk = self.wk[...] * (self.g[...] / jnp.linalg.norm(self.wk[...], axis=0))
+      return (x @ self.wq[...]) @ wk
+
+  rep = quant.report(quant.quantize_model(Net(nnx.Rngs(0)), "mxfp4_naive"), jnp.ones((4, 64)))
+  assert [(s.path, s.weight, s.recipe) for s in rep.sites] == [
+      ("wq", "rhs", "mxfp4_naive"), ("wk", "rhs", "mxfp4_naive")]
