@@ -6,13 +6,13 @@ scales; NVFP4: blocks of 16 with UE4M3 scales and a per-tensor scale), the kerne
 each pair of matching blocks j,
 
     P_j = sum_{k in block j} (2 a_k) (2 b_k)      an int32 tensor-core dot; |P_j| <= 32 * 144
-    p_j = (P_j * f_a,j) * f_b,j                   f_a = s_a / 4, f_b = s_b in float32: exact
+    p_j = P_j * min(f_a,j f_b,j, FLT_MAX)          f = s / 2 in float32: f_a f_b = s_a s_b / 4
     acc = (...((0 + p_0) + p_1) + ...) + p_{n-1}   float32, in block order
     out = acc                     (MXFP4)          out = acc * fl32(g_a g_b)   (NVFP4, g = amax_t / 2688)
 
-P_j is exact (13 bits); the two scale products are exact whenever f_a, f_b and the results are
-normal float32 numbers (an E8M0 scale is a power of two; two UE4M3 scales have 4 significant bits
-each, so P_j s_a s_b needs at most 12 + 8 bits). Only the float32 sum across blocks rounds, in a
+P_j is exact (13 bits); f_a f_b and P_j f_a f_b are exact wherever they are normal float32 numbers
+(an E8M0 scale is a power of two; two UE4M3 scales have 4 significant bits each, so P_j s_a s_b
+needs at most 12 + 8 bits). Only the float32 sum across blocks rounds, in a
 fixed order, so the result is deterministic and equals a numpy float32 loop over exact int64
 partial sums bit for bit (tests/pallas/test_fp4_gemm.py). No dequantized copy of either operand
 is written: the kernel reads the packed codes (4 bits per element) and one scale byte per block.
@@ -42,6 +42,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from lpjax.pallas import _fp4_gemm_sharded as gemm_sharded, _support as sp
@@ -53,6 +54,7 @@ I32 = jnp.int32
 F32 = jnp.float32
 DOT_DTYPES = ("int8", "bfloat16", "float8_e4m3fn")
 NVFP4_DECODE = 1.0 / 2688.0  # amax_t / (448 * 6): NVFP4's per-tensor decode factor (numerics §5)
+FLT_MAX = float(np.finfo(np.float32).max)
 TILE_CAP = (64, 64)  # default caps of (tile_m, tile_n); powers of two >= 16 (Triton's dot minimum)
 
 
@@ -130,10 +132,14 @@ def _pow2(e):
   return jax.lax.bitcast_convert_type(jnp.where(e >= -126, normal, sub), F32)
 
 
-def scale_factor(scale_bytes, scale: str, quarter: bool):
-  """Scale bytes (uint32) -> float32 factors; `quarter` folds in the 1/4 of (2a)(2b)."""
+def scale_factor(scale_bytes, scale: str):
+  """Scale bytes -> float32 s / 2 (two of them make the 1/4 of (2a)(2b)); NaN for a NaN byte.
+
+  Normal for every E8M0 byte >= 1 and every UE4M3 byte, so the outer product of two factors is
+  exact wherever it is a normal float32 number.
+  """
   b = scale_bytes.astype(I32)
-  shift = 2 if quarter else 0
+  shift = 1
   if scale == "e8m0":
     f = _pow2(b - 127 - shift)
     return jnp.where(b == 255, F32(jnp.nan), f)
@@ -152,9 +158,12 @@ def _gemm_kernel(g_ref, a_ref, sa_ref, b_ref, sbt_ref, out_ref, *, n_blocks, blo
   def body(j, acc):
     p = block_dot(a_ref[:, pl.ds(j * nbytes, nbytes)], b_ref[:, pl.ds(j * nbytes, nbytes)],
                   dot_dtype)
-    fa = scale_factor(sa_ref[:, pl.ds(j, 1)], scale, quarter=True)  # (tm, 1)
-    fb = scale_factor(sbt_ref[pl.ds(j, 1), :], scale, quarter=False)  # (1, tn)
-    return acc + (p.astype(F32) * fa) * fb  # both products exact (module docstring)
+    fa = scale_factor(sa_ref[:, pl.ds(j, 1)], scale)  # (tm, 1)
+    fb = scale_factor(sbt_ref[pl.ds(j, 1), :], scale)  # (1, tn)
+    # s_a s_b / 4, exact; past FLT_MAX every non-zero block product overflows anyway, and the cap
+    # keeps a zero one zero (0 x inf would be NaN).
+    fab = jnp.minimum(fa * fb, F32(FLT_MAX))
+    return acc + p.astype(F32) * fab  # an exact product (module docstring)
 
   acc = jax.lax.fori_loop(0, n_blocks, body, jnp.zeros((tm, tn), F32))
   if tensor_scale:

@@ -185,6 +185,27 @@ class TestInterpret:
     np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
     assert_within_f32_accumulation(y, qa, qb)
 
+  def test_mxfp4_asymmetric_scales(self):
+    # Values near 2^100 times values near 2^-100: ordinary products of extreme operands.
+    qa = quantized((16, 96), "mxfp4", 27, scale=2.0**100, exponents=(-8, 8))
+    qb = quantized((24, 96), "mxfp4", 28, scale=2.0**-100, exponents=(-8, 8))
+    y = self.mm(qa, qb)
+    np.testing.assert_array_equal(np.asarray(y), np_sequential(qa, qb))
+    assert_within_f32_accumulation(y, qa, qb)
+
+  def test_mxfp4_scale_products_past_float32_range(self):
+    # Every block scale 2^70 x 2^70 (the products' scale 2^140 is past FLT_MAX): orthogonal
+    # blocks (P = 0) still add exactly 0, never 0 x inf = NaN; overlapping ones overflow to inf,
+    # as the float64 value does in float32.
+    x = np.zeros((16, 64), np.float32)
+    x[:, 0::32] = 2.0**72
+    w = np.zeros((32, 64), np.float32)
+    w[:16, 1::32] = 2.0**72  # rows 0..15: orthogonal to x
+    w[16:, 0::32] = 2.0**72  # rows 16..31: the same position
+    qa, qb = (quant.quantize(jnp.asarray(v), "mxfp4", impl="xla") for v in (x, w))
+    y = np.asarray(self.mm(qa, qb))
+    assert np.all(y[:, :16] == 0) and np.all(y[:, 16:] == np.inf)
+
   def test_mxfp4_products_below_float32_range_flush_as_float32_does(self):
     # Scales 2^-70 x 2^-70: every product is below 2^-126; the float32 result is 0 (or a
     # subnormal), within float32's absolute resolution of the float64 value.
