@@ -3,7 +3,9 @@
 Importing this package registers the kernels as `impl="pallas"` of `lpjax.quant.quantize`,
 `dequantize` and `fake_quant` (`impl="auto"` picks them on a single GPU). The kernels compile with
 Triton on NVIDIA GPUs (A100, H100/H200, Blackwell) and run in Pallas interpret mode elsewhere, so
-every function here also works, slowly, on a CPU. See docs/pallas.md.
+every function here also works, slowly, on a CPU. See docs/pallas.md. `fp4_matmul` /
+`fp4_dot_general` multiply two MXFP4 / NVFP4 QArrays with exact integer dots per scale block
+(the `gemm_impl="pallas"` GEMMs of lpjax.quant; docs/gemm.md).
 
 Examples:
   >>> import jax, jax.numpy as jnp
