@@ -15,9 +15,12 @@ class Recorder:
     >>> import tempfile, os
     >>> rec = Recorder(os.path.join(tempfile.mkdtemp(), "s.json"), "b", deadline=None)
     >>> rec.check("mxfp4 RTN", True); rec.check("nvfp4 SR", False, "codes differ")
-    >>> rec.figure("exact", 50.0, "%", goal="100%", met=False)
-    >>> rec.data["checks"], rec.data["failures"][0]["name"]
-    ({'passed': 1, 'failed': 1}, 'nvfp4 SR')
+    >>> rec.figure("exact", 100.0, "%", goal="100%", met=True)
+    >>> rec.figure("exact", 50.0, "%", goal="100%", met=False)   # a running figure: replaced
+    >>> rec.data["checks"], rec.data["failures"][0]["name"], rec.data["figures"][0]["value"]
+    ({'passed': 1, 'failed': 1}, 'nvfp4 SR', 50.0)
+    >>> len(rec.data["figures"])
+    1
   """
 
   def __init__(self, path: str, stage: str, *, deadline: float | None, dry_run: bool = False):
@@ -46,8 +49,16 @@ class Recorder:
 
   def figure(self, name: str, value, unit: str = "", *, goal: str | None = None,
              met: bool | None = None) -> None:
-    """A headline figure; `goal` is printed beside it and `met` says whether it was reached."""
-    self.data["figures"].append(dict(name=name, value=value, unit=unit, goal=goal, met=met))
+    """A headline figure; `goal` is printed beside it and `met` says whether it was reached.
+    A figure of the same name is replaced: a stage can keep a running figure up to date, so a
+    stage killed at its limit still reports what it had."""
+    entry = dict(name=name, value=value, unit=unit, goal=goal, met=met)
+    figures = self.data["figures"]
+    same = [i for i, f in enumerate(figures) if f["name"] == name]
+    if same:
+      figures[same[0]] = entry
+    else:
+      figures.append(entry)
     self.flush()
 
   def row(self, table: str, **columns) -> None:

@@ -157,9 +157,15 @@ def run(rec, dry_run: bool) -> None:
           if impl == "pallas" and name in worst:
             frac = gbps / copy_gbps
             worst[name] = frac if worst[name] is None else min(worst[name], frac)
+            _goal_figures(rec, worst, gpu)  # kept up to date: a stage cut short still has them
       except Exception as e:  # noqa: BLE001 (e.g. out of memory at 256M: the next op runs)
         rec.check(f"{fmt} {name} at {size}", False, f"{type(e).__name__}: {e}"[:500])
     del x, args, compiled
+  _goal_figures(rec, worst, gpu)
+
+
+def _goal_figures(rec, worst: dict, gpu: bool) -> None:
+  """The goals' figures: the lowest fraction of the copy's bandwidth over formats and sizes."""
   for name, goal in (("quantize RTN", RTN_GOAL), ("quantize SR", SR_GOAL)):
     frac = worst[name]
     rec.figure(f"Pallas {name.split()[1]} (worst of mxfp4, nvfp4)",

@@ -6,6 +6,8 @@ The whole dry run (`make gpu-check DRY_RUN=1`) runs in tests/reliability/test_st
 in a stock environment (no TFDS, grain, array_record, TensorFlow, tensorboardX).
 """
 
+import doctest
+import importlib
 import json
 import os
 import subprocess
@@ -116,6 +118,13 @@ def test_same_bits_finds_one_flipped_bit_a_nan_payload_and_a_signed_zero():
                              [np.uint32([0x7FC00001]).view(np.float32)])[0]
   assert not _data.same_bits([np.float32([0.0])], [np.float32([-0.0])])[0]
   assert not _data.same_bits([x], [x.astype(np.float64)])[0]
+
+
+@pytest.mark.parametrize("module", ["_data", "_record", "_report"])
+def test_docstring_examples(module):
+  result = doctest.testmod(importlib.import_module(f"benchmarks.gpu_check.{module}"),
+                           optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+  assert result.attempted > 0 and result.failed == 0
 
 
 def test_the_cli_prints_the_summary_table_last(tmp_path):
