@@ -159,8 +159,14 @@ def quantize(x, fmt, *, axis: int = -1, rounding: str = "nearest_even", scale_mo
   fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
   backend = _kernel_backend(impl, fmt)
   if backend is not None:
-    return backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
-                            tensor_amax=tensor_amax)
+    q = backend.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
+                         tensor_amax=tensor_amax)
+    if tensor_amax is None or not fmt.tensor_scale:
+      return q
+    # A NaN / Inf tensor_amax makes every block NaN (docs/numerics.md §5), as the XLA path does.
+    bad = ~jnp.isfinite(jnp.asarray(tensor_amax, jnp.float32))
+    return dataclasses.replace(q, codes=jnp.where(bad, jnp.zeros_like(q.codes), q.codes),
+                               scales=jnp.where(bad, jnp.full_like(q.scales, 0x7F), q.scales))
   if x.size == 0:
     return _empty_qarray(x, fmt, axis)
   rbits = _random_bits(key, x.shape) if rounding == "stochastic" else None
@@ -279,8 +285,12 @@ def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
   fmt, scale_mode = _options(fmt, rounding, scale_mode, key)
   backend = _kernel_backend(impl, fmt)
   if backend is not None:
-    return backend.fake_quant(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode,
-                              key=key, tensor_amax=tensor_amax)
+    y = backend.fake_quant(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode,
+                           key=key, tensor_amax=tensor_amax)
+    if tensor_amax is None or not fmt.tensor_scale:
+      return y
+    bad = ~jnp.isfinite(jax.lax.stop_gradient(jnp.asarray(tensor_amax, jnp.float32)))
+    return jnp.where(bad, jnp.full_like(y, jnp.nan), y)  # every block NaN, as on the XLA path
   if x.size == 0:
     GroupLayout.make(fmt, x.shape, axis)  # the same checks of the axis as a non-empty x
     return x

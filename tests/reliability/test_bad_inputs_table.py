@@ -212,6 +212,18 @@ def _nan_tensor_amax(amax):
           and bool(jnp.all(q.codes == 0)))
 
 
+def _pallas_agrees_on_a_nan_tensor_amax():
+  """The Pallas kernels (interpret mode off GPU) give the XLA path's bits for non-finite amax."""
+  x = jax.random.normal(jax.random.key(1), (16, 64))
+  for amax in (float("inf"), float("nan")):
+    q, qx = (quant.quantize(x, "nvfp4", tensor_amax=amax, impl=i) for i in ("pallas", "xla"))
+    y, yx = (quant.fake_quant(x, "nvfp4", tensor_amax=amax, impl=i) for i in ("pallas", "xla"))
+    if not (bool(jnp.all(q.codes == qx.codes)) and bool(jnp.all(q.scales == qx.scales))
+            and bool(jnp.all(y.view(jnp.uint32) == yx.view(jnp.uint32)))):
+      return False
+  return True
+
+
 def _finite_tensor_amax_is_the_measured_one():
   x = jax.random.normal(jax.random.key(2), (4, 64))
   given = quant.fake_quant(x, "nvfp4", tensor_amax=jnp.max(jnp.abs(x)))
@@ -486,6 +498,8 @@ CASES = [
          Holds("every block NaN: scale 0x7F, codes 0")),
     Case("library", "tensor_amax=nan", lambda t: _nan_tensor_amax(float("nan")),
          Holds("every block NaN: scale 0x7F, codes 0")),
+    Case("library", "tensor_amax=inf through the Pallas kernels",
+         lambda t: _pallas_agrees_on_a_nan_tensor_amax(), Holds("the XLA path's bits")),
     Case("library", "a finite tensor_amax equal to max|x|",
          lambda t: _finite_tensor_amax_is_the_measured_one(), Holds("the measured amax's bits")),
 
