@@ -147,13 +147,14 @@ def _text_summary(config, dataset) -> str:
   need_train, need_eval = _max_seq_len(config) + 2, config.seq_len + 2
   fixes = ("use more text (data.path), a shorter seq_len (or data.seq_len_schedule), or another "
            "data.source")
+  # (seq_len + 2: a window of seq_len + 1 tokens, inputs and shifted targets, at a random start)
   if len(train) < need_train:
     raise DataError(f"The training split of {dataset.name} has {len(train):,} tokens, fewer than "
-                    f"one sequence of {need_train - 1:,} (seq_len + 1); {fixes}.")
+                    f"the {need_train:,} one sequence of length {need_train - 2:,} needs; {fixes}.")
   if len(evaluation) < need_eval:
     raise DataError(f"The evaluation split of {dataset.name} has {len(evaluation):,} tokens, "
-                    f"fewer than one sequence of {need_eval - 1:,} (seq_len + 1), so the first "
-                    f"evaluation would fail after training; {fixes}.")
+                    f"fewer than the {need_eval:,} one sequence of length {config.seq_len:,} "
+                    f"needs, so the first evaluation would fail after training; {fixes}.")
   return (f"{dataset.name}: {len(train):,} training and {len(evaluation):,} evaluation tokens "
           f"(vocabulary {dataset.vocab_size:,})")
 
@@ -163,8 +164,15 @@ _SAMPLE_DOCUMENTS = 16
 
 def _tfds_summary(dataset) -> str:
   train, evaluation = getattr(dataset, "train_source", None), getattr(dataset, "eval_source", None)
-  if train is None:  # the tf.data reader: no random access, so no count without a full pass
-    return f"{dataset.name} through tf.data (size not counted: the stream is read in order)"
+  if train is None:  # the tf.data reader: no random access, so no token count without a full pass
+    documents = getattr(dataset, "num_eval_examples", None)
+    if documents == 0:
+      raise DataError(f"TFDS dataset {dataset.name} has no evaluation documents (split "
+                      f"{getattr(dataset, 'eval_split', 'validation')!r}), so the first evaluation "
+                      "would fail after training. Prepare that split or choose another "
+                      "data.tfds_name.")
+    return (f"{dataset.name} through tf.data: {documents or 0:,} evaluation documents (tokens not "
+            "counted: the stream is read in order)")
   if len(train) == 0 or len(evaluation) == 0:
     raise DataError(f"TFDS dataset {dataset.name} has {len(train)} training and {len(evaluation)} "
                     "evaluation documents; both splits need at least one. Prepare the dataset "

@@ -136,6 +136,15 @@ def _check_dataset_logs(tmp_path, caplog, dataset, config, words):
   return all(w in text for w in words)
 
 
+def _boundary_split():
+  ds = lpdata.TokenStreamDataset(np.arange(18, dtype=np.uint16), np.arange(18, dtype=np.uint16),
+                                 vocab_size=257, name="short")
+  summary = preflight.check_dataset(override(_with(), seq_len=16), ds)
+  train, evaluation = ds.train_batch(0, 8, 16, seed=0), ds.eval_batch(0, 8, 16)
+  return ("short: 18 training and 18 evaluation tokens" in summary
+          and train["inputs"].shape == evaluation["inputs"].shape == (8, 16))
+
+
 def _data_errors_convert(tmp_path):
   with preflight.data_errors():
     lpdata.make_dataset("text", path=str(tmp_path / "missing.txt"), cache_dir=str(tmp_path))
@@ -433,13 +442,19 @@ CASES = [
     Case("data", "train split shorter than one sequence",
          lambda t: preflight.check_dataset(_with(), lpdata.TokenStreamDataset(
              np.zeros(20, np.uint16), np.zeros(500, np.uint16), vocab_size=257, name="tiny")),
-         Raises(DE, "The training split of tiny has 20 tokens")),
-    Case("data", "a curriculum length counts for the train split",
+         Raises(DE, "The training split of tiny has 20 tokens, fewer than the 34 one sequence "
+                    "of length 32 needs")),
+    Case("data", "a TFDS stream without evaluation documents",
+         lambda t: preflight.check_dataset(_with(), type("Stream", (), dict(
+             name="wiki", num_eval_examples=0, eval_split="validation"))()),
+         Raises(DE, "TFDS dataset wiki has no evaluation documents (split 'validation')")),
+    Case("data", "a train split one token short of a sequence",
          lambda t: preflight.check_dataset(
-             override(_with(), **{"seq_len": 16, "data.seq_len_schedule": ""}),
-             lpdata.TokenStreamDataset(np.zeros(17, np.uint16), np.zeros(500, np.uint16),
-                                       vocab_size=257, name="short")),
-         Raises(DE, "fewer than one sequence of 17")),
+             override(_with(), seq_len=16), lpdata.TokenStreamDataset(
+                 np.zeros(17, np.uint16), np.zeros(500, np.uint16), vocab_size=257, name="short")),
+         Raises(DE, "has 17 tokens, fewer than the 18 one sequence of length 16 needs")),
+    Case("data", "a split exactly one sequence long is enough", lambda t: _boundary_split(),
+         Holds("no error at the boundary, and both batches can be drawn")),
     Case("data", "a missing file inside lpjax.data becomes a DataError", _data_errors_convert,
          Raises(DE, "No text files match")),
     Case("data", "a token cache that cannot be a folder", _cache_under_a_file,
