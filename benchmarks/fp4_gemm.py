@@ -67,7 +67,7 @@ def _has_fp8() -> bool:
 def _exact_check(qa, qb, y) -> bool:
   """Small GEMMs: the kernel equals the numpy contract (exact int64 block sums, float32 block-order
   accumulation) bit for bit."""
-  from tests.pallas.test_fp4_gemm import np_sequential  # noqa: PLC0415 (the test's reference)
+  from tests.pallas.fp4_gemm_reference import np_sequential  # noqa: PLC0415 (the tests' numpy)
   return bool(np.array_equal(np.asarray(y, np.float32), np_sequential(qa, qb)))
 
 

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lpjax import pallas, quant
 from lpjax.quant import recipes
 
-from tests.pallas.test_fp4_gemm import np_sequential, quantized
+from tests.pallas.fp4_gemm_reference import np_sequential, quantized
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
