@@ -177,6 +177,12 @@ def _unwritable_workdir(tmp_path, monkeypatch):
   preflight.prepare_workdir(str(tmp_path / "run"))
 
 
+def _tfds_not_installed(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import raises ImportError
+  with preflight.data_errors():
+    lpdata.make_dataset("tfds", tfds_name="c4/en", tfds_data_dir=str(tmp_path))
+
+
 def _home_workdir(tmp_path, monkeypatch):
   monkeypatch.setenv("HOME", str(tmp_path))
   return preflight.prepare_workdir(os.path.join("~", "runs", "a")) == str(tmp_path / "runs" / "a")
@@ -582,6 +588,8 @@ FIXTURE_CASES = [
     Case("workdir", "unwritable (mkstemp refused)", _unwritable_workdir,
          Raises(WE, "cannot be written (Permission denied")),
     Case("workdir", "'~' is expanded", _home_workdir, Holds("under $HOME")),
+    Case("data", "tensorflow_datasets not installed", _tfds_not_installed,
+         Raises(DE, "pip install tensorflow-datasets array-record")),
     Case("data", "the log names a text corpus and its size in tokens",
          lambda t, caplog: _check_dataset_logs(t, caplog, lpdata.TokenStreamDataset(
              np.zeros(5000, np.uint16), np.zeros(300, np.uint16), vocab_size=257, name="corpus"),
