@@ -119,7 +119,7 @@ class _Run:
     self.calls: dict[str, int] = {}  # sites reached so far per (path, block): repeats get own keys
 
   # -- evaluation -------------------------------------------------------------------------------
-  def eval(self, jaxpr, consts, args, weights: dict, scope: _Scope):
+  def evaluate(self, jaxpr, consts, args, weights: dict, scope: _Scope):
     """Evaluates `jaxpr` on `args`; `weights` maps its invars (positions) to _Weight."""
     env, wenv, feeds = {}, {}, {}
 
@@ -173,10 +173,10 @@ class _Run:
     scope = scope.inside(eqn)
     if name in ("jit", "pjit", "closed_call", "core_call"):
       closed = params.get("jaxpr") or params.get("call_jaxpr")
-      return self.eval(closed.jaxpr, closed.consts, invals, weights, scope)
+      return self.evaluate(closed.jaxpr, closed.consts, invals, weights, scope)
     if "prevent_cse" in params and "jaxpr" in params:  # jax.checkpoint / nn.remat
       jaxpr = params["jaxpr"]
-      fn = lambda *a: self.eval(jaxpr, (), a, weights, scope)
+      fn = lambda *a: self.evaluate(jaxpr, (), a, weights, scope)
       return jax.checkpoint(fn, prevent_cse=params["prevent_cse"], policy=params["policy"])(*invals)
     if name == "scan":
       return self._scan(eqn, invals, weights, scope)
@@ -189,7 +189,7 @@ class _Run:
     return _bind(eqn, invals)
 
   def _closed(self, closed, weights, scope, *args):
-    return self.eval(closed.jaxpr, closed.consts, args, weights, scope)
+    return self.evaluate(closed.jaxpr, closed.consts, args, weights, scope)
 
   def _scan(self, eqn, invals, weights, scope: _Scope):
     p = eqn.params
@@ -207,7 +207,7 @@ class _Run:
       ys = [None] * length
       for i in order:
         x_i = [x[i] for x in xs]
-        out = self.eval(body.jaxpr, body.consts, [*consts, *carry, *x_i], inner,
+        out = self.evaluate(body.jaxpr, body.consts, [*consts, *carry, *x_i], inner,
                         dataclasses.replace(scope, block=i))
         carry, ys[i] = out[:ncarry], out[ncarry:]
       stacked = [jnp.stack([y[j] for y in ys]) for j in range(len(body.jaxpr.outvars) - ncarry)]
@@ -217,7 +217,7 @@ class _Run:
       i, c = c[0], c[1]
       s = (dataclasses.replace(scope, block=i) if over_blocks
            else dataclasses.replace(scope, folds=scope.folds + (i,)))
-      out = self.eval(body.jaxpr, body.consts, [*consts, *c, *x], inner, s)
+      out = self.evaluate(body.jaxpr, body.consts, [*consts, *c, *x], inner, s)
       return (i + 1, out[:ncarry]), out[ncarry:]
 
     start = jnp.asarray(length - 1 if p["reverse"] else 0, jnp.int32)
@@ -489,7 +489,7 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   if num_blocks is None:
     num_blocks = _count_blocks(policy, weight_paths.values(), closed.jaxpr, weights)
   engine = _Run(policy, as_key(quant_key), dict(weight_axes or {}), num_blocks, scope_root)
-  outs = engine.eval(closed.jaxpr, closed.consts, dyn_vals, weights, _Scope())
+  outs = engine.evaluate(closed.jaxpr, closed.consts, dyn_vals, weights, _Scope())
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
 
