@@ -22,8 +22,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from benchmarks.gpu_check import (_data, _report, _runner, bandwidth, kernels, native,  # noqa: E402
-                                  steps)
+from benchmarks.gpu_check import (_data, _record, _report, _runner, bandwidth, gemm,  # noqa: E402
+                                  kernels, native, steps)
 
 FAKE_STAGES = {
     "fake_crash": """
@@ -184,6 +184,41 @@ def test_the_stage_g_fp4_gemm_kernel_lowers_for_cuda(fmt):
     qa, qb = (jax.eval_shape(lambda rows=rows: quant.quantize(jnp.zeros((rows, k)), fmt, impl="xla"))
               for rows in (m, n))
     assert _lowers_to_triton(lambda u, v: pallas.fp4_matmul(u, v, interpret=False), qa, qb), (m, k)
+
+
+def test_stage_f_on_a_gpu_compares_recipes_and_finds_the_largest_microbatch(monkeypatch, tmp_path):
+  """Stage f's GPU plan with the runs faked: its order, the ratios against bf16 with the goal, and
+  the 1B search moving past out-of-memory microbatches (no GPU here to run them)."""
+  seconds = {"bf16": 1.0, "mxfp4": 1.25, "nvfp4": 1.4, "quartet": 1.6}
+  started = []
+
+  def fake_run_one(spec, timeout_s, workdir):
+    started.append((spec["size"], spec["recipe"], spec["batch"]))
+    if spec["size"] == "1b" and spec["batch"] > 16:
+      return dict(spec, ok=False, error="XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory")
+    step_s = seconds[spec["recipe"]] * (2 if spec["size"] == "130m" else 1)
+    return dict(spec, ok=True, step_s=step_s, tokens_per_s=spec["batch"] * 256 / step_s,
+                compile_s=10.0, lower_s=2.0, peak_bytes=2**30)
+
+  monkeypatch.setattr(steps, "run_one", fake_run_one)
+  rec = _record.Recorder(str(tmp_path / "f.json"), "steps", deadline=None)
+  steps.run(rec, dry_run=False)
+  assert started[:4] == [("60m", "bf16", 512), ("60m", "mxfp4", 512), ("130m", "bf16", 512),
+                         ("130m", "mxfp4", 512)]  # the goal's runs first
+  assert started[4:7] == [("1b", "mxfp4", 64), ("1b", "mxfp4", 32), ("1b", "mxfp4", 16)]
+  figures = {f["name"]: f for f in rec.data["figures"]}
+  assert figures["60m mxfp4 step"]["value"] == 1.25 and figures["60m mxfp4 step"]["met"]
+  assert figures["130m quartet step"]["value"] == 1.6 and figures["130m quartet step"]["goal"] is None
+  assert figures["1b largest microbatch on one device"]["value"] == 16
+  assert rec.data["checks"] == dict(passed=9, failed=0)
+
+
+def test_stage_e_traces_the_xla_quantizers_when_asked():
+  from lpjax.quant import _quantize
+  before = os.environ.get("LPJAX_PALLAS_AUTO")
+  with gemm.quantizers("xla"):
+    assert not _quantize._auto_uses_kernels()  # even on a GPU
+  assert os.environ.get("LPJAX_PALLAS_AUTO") == before
 
 
 @pytest.fixture
