@@ -7,8 +7,6 @@ Goals (issue 38): Pallas quantize RTN >= 70% of the copy's bandwidth, SR >= 60%.
 
 from __future__ import annotations
 
-import statistics
-import time
 
 RTN_GOAL, SR_GOAL = 0.70, 0.60
 
@@ -54,15 +52,10 @@ def _nbytes(tree) -> int:
   return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def _median_s(fn, arg, repeats: int) -> float:
-  import jax
-  jax.block_until_ready(fn(arg))  # compile and warm up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(arg))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+def _median_s(fn, *args, repeats: int) -> float:
+  """Median wall time after one warm-up call (benchmarks/timing.py; imports JAX, so lazily)."""
+  from benchmarks.timing import median_seconds
+  return median_seconds(fn, *args, repeats=repeats)
 
 
 def _equal_on_device(a, b) -> bool:
@@ -132,7 +125,7 @@ def run(rec, dry_run: bool) -> None:
         fns[(fmt, name, "pallas")], fns[(fmt, name, "xla")] = (kernel_fn, arg), (xla_fn, arg)
     fns[("-", "device copy", "xla")] = (jnp.negative, "x")
     compiled = _compile_all(fns, args, workers=1 if dry_run else 8)
-    copy_s = _median_s(compiled[("-", "device copy", "xla")], x, repeats)  # one read, one write
+    copy_s = _median_s(compiled[("-", "device copy", "xla")], x, repeats=repeats)  # one read, one write
     copy_gbps = 2 * _nbytes(x) / copy_s / 1e9
     rec.row("bandwidth", elements=size, op="device copy", fmt="-", impl="xla",
             ms=copy_s * 1e3, gbps=copy_gbps, of_copy=1.0, same_bits="-")
@@ -151,7 +144,7 @@ def run(rec, dry_run: bool) -> None:
         del out_k, out_x
         rec.check(f"{fmt} {name} at {size}: same bits as XLA", same)
         for impl, fn in (("pallas", kernel_fn), ("xla", xla_fn)):
-          gbps = moved / _median_s(fn, arg, repeats) / 1e9
+          gbps = moved / _median_s(fn, arg, repeats=repeats) / 1e9
           rec.row("bandwidth", elements=size, op=name, fmt=fmt, impl=impl,
                   ms=moved / gbps / 1e6, gbps=gbps, of_copy=gbps / copy_gbps, same_bits=same)
           if impl == "pallas" and name in worst:

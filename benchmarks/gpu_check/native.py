@@ -14,8 +14,6 @@ The dry run exercises every path on the CPU (interpret mode; the native GEMM's f
 
 from __future__ import annotations
 
-import statistics
-import time
 
 from benchmarks.gpu_check._data import same_bits
 
@@ -31,14 +29,9 @@ def shapes(dry_run: bool) -> dict:
 
 
 def _median_s(fn, *args, repeats: int) -> float:
-  import jax
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  """Median wall time after one warm-up call (benchmarks/timing.py; imports JAX, so lazily)."""
+  from benchmarks.timing import median_seconds
+  return median_seconds(fn, *args, repeats=repeats)
 
 
 def _operands(fmt, m, n, k, seed=0):
