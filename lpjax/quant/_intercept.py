@@ -157,9 +157,11 @@ class _Run:
           for v_in, v_out in zip(eqn.invars, eqn.outvars):
             if weight_of(v_in) is not None:
               wenv[v_out] = wenv[v_in]
-        elif _computed_weight(eqn, weight_of) is not None:
-          for v in eqn.outvars:
-            wenv[v] = _computed_weight(eqn, weight_of)
+        else:
+          computed = _computed_weight(eqn, weight_of)
+          if computed is not None:
+            for v in eqn.outvars:
+              wenv[v] = computed
       for v, x in zip(eqn.outvars, outs):
         env[v] = x
     return [read(v) for v in jaxpr.outvars]
@@ -210,8 +212,8 @@ class _Run:
         out = self.evaluate(body.jaxpr, body.consts, [*consts, *carry, *x_i], inner,
                         dataclasses.replace(scope, block=i))
         carry, ys[i] = out[:ncarry], out[ncarry:]
-      stacked = [jnp.stack([y[j] for y in ys]) for j in range(len(body.jaxpr.outvars) - ncarry)]
-      return [*carry, *stacked]
+      ys = [jnp.stack([y[j] for y in ys]) for j in range(len(body.jaxpr.outvars) - ncarry)]
+      return [*carry, *ys]
 
     def step(c, x):
       i, c = c[0], c[1]
@@ -473,7 +475,8 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   weights_argnums = tuple(weights_argnums)
   leaves, treedef = jax.tree.flatten((args, kwargs))
   weight_paths = _weight_leaves(args, weights_argnums)
-  dynamic = [i for i, x in enumerate(leaves) if isinstance(x, (jax.Array, jax.core.Tracer))
+  # arrays (and tracers) are the jaxpr's inputs; anything else (Python numbers, strings) is static
+  dynamic = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)
              or hasattr(x, "__jax_array__") or (hasattr(x, "dtype") and hasattr(x, "shape"))]
 
   def flat_fn(*dyn):
