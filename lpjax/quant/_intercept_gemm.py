@@ -1,0 +1,71 @@
+"""The quantized call that replaces one intercepted GEMM equation (`lpjax.quant._intercept`).
+
+A `dot_general` runs as `lpjax.quant.dot_general` with the weight as the recipe's W (rhs),
+whatever side it was on; two activations run in the order whose canonical GEMM needs no
+transpose; a `conv_general_dilated` runs as `lpjax.quant.conv_general_dilated`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lpjax.quant._conv import conv_general_dilated
+from lpjax.quant._gemm import dot_general
+from lpjax.quant._gemm_recipe import GemmRecipe
+
+
+def is_identity(recipe: GemmRecipe, lhs, rhs, pet) -> bool:
+  """A high-precision recipe that would compute exactly the original op (fp32 on fp32)."""
+  if not recipe.is_high_precision:
+    return False
+  dt = recipe.compute_dtype
+  return dt is None or (dt == jnp.float32 and lhs.dtype == rhs.dtype == jnp.float32)
+
+
+def _natural(x, contracting, batch, first: bool) -> bool:
+  """True when `x`'s contracting dims come right after its batch dims (first=True: the rhs of a
+  row-major GEMM) or last (False: the lhs), so that the canonical GEMM needs no transpose."""
+  free = [d for d in range(x.ndim) if d not in batch]
+  k = len(contracting)
+  return list(contracting) == (free[:k] if first else free[len(free) - k:])
+
+
+def quantized_dot(eqn, lhs, rhs, weight: str, recipe, key, rhs_axes):
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  pet = eqn.params.get("preferred_element_type")
+  if weight == "none":
+    # Two activations: `jnp.einsum` may have put them in either order. Run them in the order
+    # whose canonical GEMM needs no transposes (probabilities x values, not values x
+    # probabilities): the order lpjax's own layers use, same bits and no transposed copy.
+    as_is = _natural(lhs, lc, lb, False) + _natural(rhs, rc, rb, True)
+    swapped = _natural(rhs, rc, rb, False) + _natural(lhs, lc, lb, True)
+    weight = "lhs" if swapped > as_is else "none"
+  if weight != "lhs":
+    axes = rhs_axes if _plain_weight(rhs, rc, rb) else None
+    return dot_general(lhs, rhs, ((lc, rc), (lb, rb)), recipe, key=key,
+                       preferred_element_type=pet, rhs_axes=axes)
+  # the weight (or the operand swapped in above) is the lhs: run it as the recipe's rhs, then
+  # restore lax's (batch, lhs, rhs) order
+  axes = rhs_axes if (rhs_axes is not None and _plain_weight(lhs, lc, lb)) else None
+  y = dot_general(rhs, lhs, ((rc, lc), (rb, lb)), recipe, key=key, preferred_element_type=pet,
+                  rhs_axes=axes)
+  nb, n_act = len(lb), rhs.ndim - len(rc) - len(rb)
+  n_w = lhs.ndim - len(lc) - len(lb)
+  perm = list(range(nb)) + [nb + n_act + i for i in range(n_w)] + [nb + i for i in range(n_act)]
+  return jnp.transpose(y, perm)
+
+
+def _plain_weight(w, contracting, batch) -> bool:
+  """A 2-D weight contracted on its first axis: the layout the FP4 weight gather takes."""
+  return w.ndim == 2 and not batch and tuple(contracting) == (0,)
+
+
+def quantized_conv(eqn, lhs, rhs, recipe, key):
+  p = eqn.params
+  dn = p["dimension_numbers"]
+  specs = (dn.lhs_spec, dn.rhs_spec, dn.out_spec) if dn is not None else None
+  dn = jax.lax.ConvDimensionNumbers(*specs) if specs is not None else None
+  return conv_general_dilated(lhs, rhs, p["window_strides"], p["padding"], p["lhs_dilation"],
+                              p["rhs_dilation"], dn, p["feature_group_count"], recipe=recipe,
+                              key=key, preferred_element_type=p.get("preferred_element_type"))
