@@ -43,6 +43,15 @@ def decay_mask(params):
   return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
+def _beta_decay(config) -> dict:
+  """stable_spam's total_T (`optimizer.total_steps`; -1: the run's `steps`) and eta_min, when set."""
+  total = config.optimizer.get("total_steps", 0)
+  if total == 0:
+    return {}
+  total = config.steps if total == -1 else total
+  return dict(total_steps=total, eta_min=config.optimizer.get("eta_min", 0.5))
+
+
 def make_optimizer(config, stacked_layers=None) -> optax.GradientTransformation:
   """The optax chain for config.optimizer (gradient clipping first, if enabled); weight decay
   applies to the tensors of `decay_mask` whatever the optimizer (adam has none).
@@ -68,7 +77,7 @@ def make_optimizer(config, stacked_layers=None) -> optax.GradientTransformation:
                            gamma2=o.gamma2, gamma3=o.gamma3, reset_interval=o.reset_interval,
                            weight_decay=o.weight_decay, weight_decay_mask=decay_mask,
                            mu_dtype=state_dtype, nu_dtype=state_dtype, seed=config.seed,
-                           stacked_layers=stacked_layers)
+                           stacked_layers=stacked_layers, **_beta_decay(config))
   else:
     raise ValueError(f"Unknown optimizer {o.name!r}.")
   if o.grad_clip > 0:

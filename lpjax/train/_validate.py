@@ -159,6 +159,11 @@ def _check_numbers(config, problems):
     problems.append(f"optimizer.eps must be a finite number > 0, got {o.eps!r}.")
   if o.reset_interval < 0:
     problems.append(f"optimizer.reset_interval must be >= 0, got {o.reset_interval}.")
+  if "total_steps" in o and o.total_steps < -1:
+    problems.append(f"optimizer.total_steps must be >= 0 (0: off) or -1 (the run's steps), got "
+                    f"{o.total_steps}.")
+  if "eta_min" in o:
+    _in_unit(problems, "optimizer.eta_min", o.eta_min, closed_top=True)
 
 
 def _check_names(config, problems):

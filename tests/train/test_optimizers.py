@@ -22,6 +22,37 @@ def test_weight_decay_applies_to_matrices_only_for_every_optimizer(name):
   assert np.all(np.asarray(updates["kernel"]) < 0.0)  # decayed toward zero
 
 
+@pytest.mark.parametrize("total_steps", [-1, 7])
+def test_stable_spam_total_steps_decays_b1_like_the_optimizer_given_total_t(total_steps):
+  """optimizer.total_steps reaches stable_spam's total_T (-1: the run's steps); 0 leaves it off."""
+  from lpjax import optim
+
+  c = llama_config("tiny", optimizer="stable_spam")
+  c.steps, c.optimizer.warmup_steps, c.optimizer.grad_clip = 20, 0, 0.0
+  c.optimizer.lr, c.optimizer.min_lr_ratio = 1e-2, 1.0
+  c.optimizer.total_steps, c.optimizer.eta_min = total_steps, 0.25
+  params = {"kernel": jnp.ones((4, 4))}
+  grads = [{"kernel": jax.random.normal(jax.random.key(i), (4, 4))} for i in range(12)]
+
+  def run(tx):
+    state, out = tx.init(params), []
+    for g in grads:
+      u, state = tx.update(g, state, params)
+      out.append(np.asarray(u["kernel"]))
+    return np.stack(out)
+
+  want_total = c.steps if total_steps == -1 else total_steps
+  kw = dict(b1=c.optimizer.b1, b2=c.optimizer.b2, eps=c.optimizer.eps, gamma1=c.optimizer.gamma1,
+            gamma2=c.optimizer.gamma2, gamma3=c.optimizer.gamma3, seed=c.seed,
+            reset_interval=c.optimizer.reset_interval)
+  got = run(make_optimizer(c))
+  np.testing.assert_array_equal(
+      got, run(optim.stable_spam(1e-2, total_steps=want_total, eta_min=0.25, **kw)))
+  assert not np.array_equal(got, run(optim.stable_spam(1e-2, **kw)))  # the decay is not a no-op
+  c.optimizer.total_steps = 0
+  np.testing.assert_array_equal(run(make_optimizer(c)), run(optim.stable_spam(1e-2, **kw)))
+
+
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
 def test_bfloat16_master_weights_take_small_updates_only_with_stochastic_rounding(rounding):
   """A train step with bf16 parameters: SGD steps of 1/8 ulp move the weights on average under
