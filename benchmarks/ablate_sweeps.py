@@ -59,7 +59,7 @@ OPTIM_LR_RECIPES = ("mxfp4", "nvfp4", "bf16")
 # Stable-SPAM's parts, switched off or changed one at a time with the trainer's own settings:
 # gamma3 = 0 makes AdaClip's threshold this step's max|g| (nothing is above it: AdaClip off),
 # reset_interval = 0 never resets the moments; without AdaClip and resets Stable-SPAM is Adam +
-# AdaGN (total_steps is not set by the trainer: no cosine factor on b1 and gamma1).
+# AdaGN (optimizer.total_steps 0, the default: no cosine factor on b1 and gamma1).
 NO_ADACLIP = (("optimizer.gamma3", 0.0),)
 NO_RESET = (("optimizer.reset_interval", 0),)
 # The paper resets every 1000 of 20k steps (ΔT/T = 1/20): at 1000 steps that is every 50.
@@ -72,6 +72,11 @@ SSPAM_PARTS = (
     ("hp_gammas", "stable_spam", HP_GAMMAS),  # AdaGN with the paper's BF16 decays
     ("adagn_hp", "stable_spam", HP_GAMMAS + NO_ADACLIP + NO_RESET),  # Adam + slow AdaGN
     ("adam", "adam", ()),  # none of the parts
+    # the reference training script's settings: total_T = the run (b1, gamma1 decay by a cosine to
+    # 0.5x) and no global-norm clipping; then each of the two alone
+    ("paper_run", "stable_spam", (("optimizer.total_steps", -1), ("optimizer.grad_clip", 0.0))),
+    ("total_t", "stable_spam", (("optimizer.total_steps", -1),)),
+    ("noclip", "stable_spam", (("optimizer.grad_clip", 0.0),)),
 )
 SSPAM_PARTS_SCALES = (0.5, 1.0)
 

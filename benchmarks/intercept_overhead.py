@@ -7,7 +7,7 @@ written with plain Flax layers and quantized by `lpjax.quant.quantize_model`, pe
 For each recipe, both ways compute `jax.value_and_grad` of the summed logits of one batch on the
 same weights and key (the two are bit-identical, checked here), and this script measures in one
 process:
-- `trace_s`: `jax.jit(f).trace(...)` (Python: the model, and for the interception its jaxpr and
+- `trace_s` (each a median of `--compiles` fresh repeats): `jax.jit(f).trace(...)` (Python: the model, and for the interception its jaxpr and
   the rewrite), `lower_s` the lowering to StableHLO, `compile_s` XLA's compile;
 - `hlo_ops`: the instruction count of the optimized HLO, and the count of its fusions;
 - `step_s`: the median step time over `--steps` rounds, the two ways interleaved.
@@ -34,6 +34,8 @@ def _parse():
   p.add_argument("--batch", type=int, default=8)
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--compiles", type=int, default=3,
+                 help="trace + lower + compile repeated this many times, medians reported")
   return p.parse_args()
 
 
@@ -43,7 +45,6 @@ if ARGS is not None:
   os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -69,19 +70,36 @@ def _functions(cfg, recipe, tokens, key):
   return (jax.value_and_grad(own), params), (jax.value_and_grad(ours), pstate)
 
 
-def _measure(fn, arg):
+def _compile_once(fn, arg):
+  """Trace, lower and compile `fn` afresh: a new function object, so jit's trace cache misses
+  (the persistent compilation cache is off)."""
   t0 = time.perf_counter()
-  traced = jax.jit(fn).trace(arg)
+  traced = jax.jit(lambda a: fn(a)).trace(arg)
   t1 = time.perf_counter()
   lowered = traced.lower()
   t2 = time.perf_counter()
   compiled = lowered.compile()
   t3 = time.perf_counter()
-  text = compiled.as_text()
-  ops = len(re.findall(r"^\s+(?:ROOT )?%?[\w.\-]+ = ", text, flags=re.M))
-  fusions = len(re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = \S+ fusion\(", text, flags=re.M))
-  return compiled, dict(trace_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, hlo_ops=ops,
-                        fusions=fusions)
+  return compiled, (t1 - t0, t2 - t1, t3 - t2)
+
+
+def _measure_pair(fns, args, repeats):
+  """Both ways compiled `repeats` times, interleaved; the median of each phase per way."""
+  times = {name: [] for name in fns}
+  compiled = {}
+  for _ in range(max(repeats, 1)):
+    for name, fn in fns.items():
+      compiled[name], t = _compile_once(fn, args[name])
+      times[name].append(t)
+  out = {}
+  for name in fns:
+    trace_s, lower_s, compile_s = np.median(np.asarray(times[name]), axis=0)
+    text = compiled[name].as_text()
+    ops = len(re.findall(r"^\s+(?:ROOT )?%?[\w.\-]+ = ", text, flags=re.M))
+    fusions = len(re.findall(r"^\s*(?:ROOT )?%?[\w.\-]+ = \S+ fusion\(", text, flags=re.M))
+    out[name] = compiled[name], dict(trace_s=trace_s, lower_s=lower_s, compile_s=compile_s,
+                                     hlo_ops=ops, fusions=fusions)
+  return out
 
 
 def main(args):
@@ -95,8 +113,8 @@ def main(args):
   print(head)
   for recipe in args.recipes.split(","):
     (own, p_own), (ours, p_ours) = _functions(cfg, recipe, tokens, key)
-    c_own, m_own = _measure(own, p_own)
-    c_ours, m_ours = _measure(ours, p_ours)
+    m = _measure_pair({"own": own, "ours": ours}, {"own": p_own, "ours": p_ours}, args.compiles)
+    (c_own, m_own), (c_ours, m_ours) = m["own"], m["ours"]
     a, b = c_own(p_own), c_ours(p_ours)
     same = float(a[0]) == float(b[0]) and all(
         np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a[1]), jax.tree.leaves(b[1])))
