@@ -91,6 +91,9 @@ def parse_args(argv=None):
                  help="cpu: LLaMA-tiny on the offline corpus; paper: --size on C4 (GPUs)")
   p.add_argument("--size", default="60m", help="model size at --scale paper (60m, 130m, 350m, 1b)")
   p.add_argument("--rows", default="", help="comma-separated row labels to run (the reference is kept)")
+  p.add_argument("--skip-reference", action="store_true",
+                 help="with --rows: do not train the FP32 Adam reference (rows are compared with "
+                      "each other; the tables' ratios need it from another invocation)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override for every run, e.g. --set batch_size=8 (repeatable)")
   p.add_argument("--jobs", type=int, default=1, help="runs at once (separate processes)")
@@ -232,6 +235,8 @@ def plan(args):
   for seed in seeds:  # seed-major: every row gets a first seed early
     for name in names:
       for row in sweep_rows(name, args.rows):
+        if args.skip_reference and args.rows and row.label == REFERENCE.label:
+          continue
         tasks.append(Task(name, row, seed, os.path.join(args.out, "runs", name, row.label, f"seed{seed}")))
   here = run_machine.fingerprint()
   index = run_records.finished_index(args.out, args.retry_failed, here)
