@@ -112,6 +112,8 @@ def parse_args(argv=None):
       p.error(f"SWEEP must be one of {', '.join(SWEEPS)}, all (got {args.sweep!r}); see --list.")
     if not args.out:
       p.error("--out DIR is required.")
+  if args.skip_reference and not args.rows:
+    p.error("--skip-reference needs --rows (the rows to train without the FP32 Adam reference).")
   if args.seeds < 1 or args.jobs < 1 or args.steps < 0:
     p.error("--seeds and --jobs must be >= 1 and --steps >= 0.")
   try:
@@ -235,7 +237,7 @@ def plan(args):
   for seed in seeds:  # seed-major: every row gets a first seed early
     for name in names:
       for row in sweep_rows(name, args.rows):
-        if args.skip_reference and args.rows and row.label == REFERENCE.label:
+        if args.skip_reference and row.label == REFERENCE.label:
           continue
         tasks.append(Task(name, row, seed, os.path.join(args.out, "runs", name, row.label, f"seed{seed}")))
   here = run_machine.fingerprint()

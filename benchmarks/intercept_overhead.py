@@ -7,8 +7,9 @@ written with plain Flax layers and quantized by `lpjax.quant.quantize_model`, pe
 For each recipe, both ways compute `jax.value_and_grad` of the summed logits of one batch on the
 same weights and key (the two are bit-identical, checked here), and this script measures in one
 process:
-- `trace_s` (each a median of `--compiles` fresh repeats): `jax.jit(f).trace(...)` (Python: the model, and for the interception its jaxpr and
-  the rewrite), `lower_s` the lowering to StableHLO, `compile_s` XLA's compile;
+- `trace_s`: `jax.jit(f).trace(...)` (Python: the model, and for the interception its jaxpr and
+  the rewrite), `lower_s` the lowering to StableHLO, `compile_s` XLA's compile, each the median
+  of `--compiles` fresh compiles;
 - `hlo_ops`: the instruction count of the optimized HLO, and the count of its fusions;
 - `step_s`: the median step time over `--steps` rounds, the two ways interleaved.
 Ratios are intercepted / lpjax's own; the goal is HLO counts equal, step <= 1.02x, trace +

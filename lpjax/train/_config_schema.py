@@ -153,7 +153,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.optimizer.gamma2 = 0.9  # stable_spam AdaGN second moment (BF16 runs: 0.99999)
   c.optimizer.gamma3 = 0.999  # stable_spam AdaClip momentum
   c.optimizer.reset_interval = 1000  # stable_spam / spam momentum reset interval
-  c.optimizer.total_steps = 0  # stable_spam total_T: b1, gamma1 decay by a cosine to eta_min x over it (0: off; -1: the run's steps)
+  c.optimizer.total_steps = 0  # stable_spam total_T, b1/gamma1 cosine (0: off; -1: the run's steps)
   c.optimizer.eta_min = 0.5  # stable_spam: the smallest factor of that cosine (total_steps != 0)
   c.optimizer.state_dtype = "float32"  # optimizer moments: float32 | bfloat16 (stochastic rounding)
   c.optimizer.param_rounding = "stochastic"  # updates of bfloat16 params (model.param_dtype)

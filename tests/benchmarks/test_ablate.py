@@ -62,6 +62,8 @@ def test_only_seeds_plans_just_those_seeds_and_rejects_seeds_outside_the_range(t
   assert len(ablate.plan(ablate.parse_args(["recipes", "--out", str(tmp_path), "--rows", "bf16"]))[1]) == 6
   skip = ablate.parse_args(["recipes", "--out", str(tmp_path), "--rows", "bf16", "--skip-reference"])
   assert [(t.row.label, t.seed) for t in ablate.plan(skip)[1]] == [("bf16", 0), ("bf16", 1), ("bf16", 2)]
+  with pytest.raises(SystemExit):
+    ablate.parse_args(["recipes", "--out", str(tmp_path), "--skip-reference"])
   for bad in ("3", "x"):
     with pytest.raises(SystemExit):
       ablate.parse_args(["recipes", "--out", str(tmp_path), "--seeds", "3", "--only-seeds", bad])
