@@ -62,6 +62,9 @@ OPTIM_LR_RECIPES = ("mxfp4", "nvfp4", "bf16")
 # AdaGN (optimizer.total_steps 0, the default: no cosine factor on b1 and gamma1).
 NO_ADACLIP = (("optimizer.gamma3", 0.0),)
 NO_RESET = (("optimizer.reset_interval", 0),)
+# The reference training script's settings: total_T = the run (b1 and gamma1 decay by a cosine to
+# 0.5x) and no global-norm clipping (the trainer's defaults: no total_T, clipping at 1.0).
+REFERENCE_SCRIPT = (("optimizer.total_steps", -1), ("optimizer.grad_clip", 0.0))
 # The paper resets every 1000 of 20k steps (ΔT/T = 1/20): at 1000 steps that is every 50.
 SSPAM_PARTS = (
     ("adagn", "stable_spam", NO_ADACLIP + NO_RESET),  # Adam + AdaGN
@@ -72,11 +75,10 @@ SSPAM_PARTS = (
     ("hp_gammas", "stable_spam", HP_GAMMAS),  # AdaGN with the paper's BF16 decays
     ("adagn_hp", "stable_spam", HP_GAMMAS + NO_ADACLIP + NO_RESET),  # Adam + slow AdaGN
     ("adam", "adam", ()),  # none of the parts
-    # the reference training script's settings: total_T = the run (b1, gamma1 decay by a cosine to
-    # 0.5x) and no global-norm clipping; then each of the two alone
-    ("paper_run", "stable_spam", (("optimizer.total_steps", -1), ("optimizer.grad_clip", 0.0))),
-    ("total_t", "stable_spam", (("optimizer.total_steps", -1),)),
-    ("noclip", "stable_spam", (("optimizer.grad_clip", 0.0),)),
+    # the reference training script's settings, then each of the two alone
+    ("paper_run", "stable_spam", REFERENCE_SCRIPT),
+    ("total_t", "stable_spam", REFERENCE_SCRIPT[:1]),
+    ("noclip", "stable_spam", REFERENCE_SCRIPT[1:]),
 )
 SSPAM_PARTS_SCALES = (0.5, 1.0)
 
@@ -91,9 +93,20 @@ def _optim_lr_rows():
   return rows
 
 
+# Stable-SPAM with the reference script's settings against Adam, each over its own lr grid, in the
+# other recipes (and the MXFP4 lr curve of the reference settings beyond 0.5x-1x).
+SSPAM_REF_SCALES = {"mxfp4": (0.25, 2.0), "nvfp4": (0.25, 0.5, 1.0), "bf16": (0.25, 0.5, 1.0)}
+
+
 def _sspam_parts_rows():
-  return [Row(f"mxfp4_{name}{_lr_suffix(scale)}", "mxfp4", opt, scale, overrides)
+  rows = [Row(f"mxfp4_{name}{_lr_suffix(scale)}", "mxfp4", opt, scale, overrides)
           for scale in SSPAM_PARTS_SCALES for name, opt, overrides in SSPAM_PARTS]
+  for recipe, scales in SSPAM_REF_SCALES.items():
+    rows += [Row(f"{recipe}_paper_run{_lr_suffix(s)}", recipe, "stable_spam", s, REFERENCE_SCRIPT)
+             for s in scales]
+    if recipe != "mxfp4":
+      rows += [Row(f"{recipe}_adam{_lr_suffix(s)}", recipe, "adam", s) for s in scales]
+  return rows
 
 
 SWEEPS: dict[str, list[Row]] = {
@@ -216,7 +229,10 @@ DESCRIPTIONS = {
                    "every 1000 steps (the full optimizer, paper 4-bit settings), the reset every "
                    "50 steps (the paper's 1000 of 20k steps scaled to 1000) and every 250, the "
                    "paper's BF16 AdaGN decays (0.85, 0.99999) with and without AdaClip and "
-                   "resets, and Adam (none of the parts) (issue 41).",
+                   "resets, and Adam (none of the parts); the reference script's settings "
+                   "(total_T = the run, no global clipping) alone and each of the two; and Adam "
+                   "against Stable-SPAM with those settings over an lr grid in MXFP4, NVFP4 and "
+                   "bf16 (issue 41).",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "

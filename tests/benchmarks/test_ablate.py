@@ -101,6 +101,23 @@ def test_sspam_parts_switches_each_part_with_trainer_settings():
       cfg_lib.validate(c, device_count=1)
 
 
+def test_sspam_parts_compares_adam_and_the_reference_settings_over_lrs_in_each_recipe():
+  rows = {r.label: r for r in sweeps.SWEEPS["sspam_parts"]}
+  for recipe in ("mxfp4", "nvfp4", "bf16"):
+    ref = [r for r in rows.values() if r.recipe == recipe and "paper_run" in r.label]
+    adam = [r for r in rows.values() if r.recipe == recipe and r.optimizer == "adam"]
+    assert {r.lr_scale for r in ref} >= {0.25, 0.5, 1.0}, recipe
+    assert {r.lr_scale for r in adam} >= {0.25, 0.5, 1.0} - ({0.25} if recipe == "mxfp4" else set())
+    assert all(not r.overrides for r in adam)
+    for r in ref:
+      c = sweeps.row_config(r, size="tiny", seed=1, steps=1000)
+      assert (c.quant.recipe, c.optimizer.name) == (recipe, "stable_spam")
+      assert (c.optimizer.total_steps, c.optimizer.grad_clip) == (-1, 0.0)  # reference script
+      assert c.optimizer.lr == pytest.approx(3e-3 * r.lr_scale)
+  c = sweeps.row_config(rows["nvfp4_adam_lr0.5x"], size="tiny", seed=0, steps=1000)
+  assert (c.optimizer.name, c.optimizer.grad_clip, c.optimizer.lr) == ("adam", 1.0, 1.5e-3)
+
+
 def test_stable_spam_with_gamma3_zero_never_clips_and_without_resets_is_adam_plus_adagn():
   """What the sspam_parts rows rely on: gamma3 = 0 switches AdaClip off (the threshold is this
   step's max|g|) and reset_interval = 0 never resets, leaving Adam on AdaGN-scaled gradients."""
@@ -156,6 +173,28 @@ def test_lr_curve_table_and_plot_from_finished_runs(tmp_path, capsys):
   assert lr_curve.main(["--out", str(tmp_path), "--png", str(png)]) == 0
   assert png.stat().st_size > 0
   capsys.readouterr()
+
+
+def test_lr_curve_of_sspam_parts_draws_the_reference_settings_as_their_own_line(tmp_path):
+  import ablate_lr_curve as lr_curve
+
+  for label, seed, loss in [("nvfp4_adam_lr0.5x", 0, 1.81), ("nvfp4_paper_run_lr0.5x", 0, 1.83),
+                            ("nvfp4_paper_run_lr0.5x", 1, 1.85), ("mxfp4_paper_run", 0, 1.86),
+                            ("mxfp4_noclip_lr0.5x", 0, 1.70), ("mxfp4_full_lr0.5x", 0, 1.90)]:
+    d = tmp_path / "runs" / "sspam_parts" / label / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps({"final_eval_loss": loss}))
+  points = lr_curve.load(str(tmp_path), "sspam_parts")
+  # noclip and the other single-part rows are not on an lr curve; the full optimizer (trainer
+  # settings, no overrides) is the plain Stable-SPAM line
+  assert points == {("nvfp4", "adam", 0.5): {0: 1.81},
+                    ("nvfp4", "stable_spam_ref", 0.5): {0: 1.83, 1: 1.85},
+                    ("mxfp4", "stable_spam_ref", 1.0): {0: 1.86},
+                    ("mxfp4", "stable_spam", 0.5): {0: 1.90}}
+  table = lr_curve.markdown(points, earlier=False)
+  assert "| Stable-SPAM, reference settings | **1.8400 ± 0.0141 (2)** |" in table
+  assert lr_curve.main(["--out", str(tmp_path), "--sweep", "sspam_parts", "--png",
+                        str(tmp_path / "c.png")]) == 0
 
 
 def _apply_command(command: str):
