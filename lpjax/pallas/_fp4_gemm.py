@@ -42,19 +42,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 
 from lpjax.pallas import _fp4_gemm_sharded as gemm_sharded, _support as sp
+from lpjax.pallas._fp4_gemm_kernels import gemm_kernel, partials_kernel
 from lpjax.quant import _formats as formats
 from lpjax.quant._quantize import QArray
 
-U32 = jnp.uint32
 I32 = jnp.int32
 F32 = jnp.float32
 DOT_DTYPES = ("int8", "bfloat16", "float8_e4m3fn")
 NVFP4_DECODE = 1.0 / 2688.0  # amax_t / (448 * 6): NVFP4's per-tensor decode factor (numerics §5)
-FLT_MAX = float(np.finfo(np.float32).max)
 TILE_CAP = (64, 64)  # default caps of (tile_m, tile_n); powers of two >= 16 (Triton's dot minimum)
 
 
@@ -91,88 +89,6 @@ def default_dot_dtype(fmt) -> str:
   bf16 dot accumulating in float32 gives the same integer as the int8 dot accumulating in int32.
   """
   return "int8" if formats.get_format(fmt).block_size >= 32 else "bfloat16"
-
-
-# --------------------------------------------------------------------------- in-kernel pieces
-
-
-def e2m1_times_two(nibbles):
-  """uint32 E2M1 codes (0..15) -> int32 2 * value, in [-12, 12] (codes 0..7: 0,1,2,3,4,6,8,12)."""
-  code = nibbles.astype(I32)
-  mag = code & 7
-  big = (2 + (mag & 1)) << jnp.maximum((mag >> 1) - 1, 0)  # 4, 6, 8, 12 for mag = 4..7
-  v = jnp.where(mag < 4, mag, big)
-  return jnp.where(code >= 8, -v, v)
-
-
-def unpack_block(packed):
-  """(rows, block / 2) packed bytes -> (rows, block) int32 2*E2M1 values in element order."""
-  rows, nbytes = packed.shape
-  pairs = jnp.broadcast_to(packed.astype(U32)[:, :, None], (rows, nbytes, 2))
-  shift = jax.lax.broadcasted_iota(U32, (rows, nbytes, 2), 2) * U32(4)
-  return e2m1_times_two(((pairs >> shift) & U32(0xF)).reshape(rows, 2 * nbytes))
-
-
-def block_dot(a_packed, b_packed, dot_dtype: str):
-  """The exact int32 partial sum P (rows_a, rows_b) of one scale block of each operand."""
-  a, b = unpack_block(a_packed), unpack_block(b_packed)
-  if dot_dtype == "int8":
-    return jax.lax.dot_general(a.astype(jnp.int8), b.astype(jnp.int8), (((1,), (1,)), ((), ())),
-                               preferred_element_type=I32)
-  dtype = jnp.dtype(dot_dtype)  # bf16 / e4m3 hold the integers 0..12 exactly
-  p = jax.lax.dot_general(a.astype(F32).astype(dtype), b.astype(F32).astype(dtype),
-                          (((1,), (1,)), ((), ())), preferred_element_type=F32)
-  return p.astype(I32)  # an integer below 2^13: exact in float32
-
-
-def _pow2(e):
-  """2^e in float32 for int32 e, built from bits: normal, subnormal, or 0 below 2^-149."""
-  normal = (jnp.maximum(e, -126) + 127) << 23
-  sub = jnp.where(e >= -149, I32(1) << jnp.clip(e + 149, 0, 22), 0)
-  return jax.lax.bitcast_convert_type(jnp.where(e >= -126, normal, sub), F32)
-
-
-def scale_factor(scale_bytes, scale: str):
-  """Scale bytes -> float32 s / 2 (two of them make the 1/4 of (2a)(2b)); NaN for a NaN byte.
-
-  Normal for every E8M0 byte >= 1 and every UE4M3 byte, so the outer product of two factors is
-  exact wherever it is a normal float32 number.
-  """
-  b = scale_bytes.astype(I32)
-  shift = 1
-  if scale == "e8m0":
-    f = _pow2(b - 127 - shift)
-    return jnp.where(b == 255, F32(jnp.nan), f)
-  exp, man = (b >> 3) & 15, b & 7  # ue4m3: (8 + m) 2^(e - 10), subnormal m 2^-9
-  normal = jax.lax.bitcast_convert_type(((exp - 7 - shift + 127) << 23) | (man << 20), F32)
-  sub = man.astype(F32) * F32(2.0 ** (-9 - shift))
-  f = jnp.where(exp == 0, sub, normal)
-  return jnp.where((b & 0x7F) == 0x7F, F32(jnp.nan), f)
-
-
-def _gemm_kernel(g_ref, a_ref, sa_ref, b_ref, sbt_ref, out_ref, *, n_blocks, block, scale,
-                 dot_dtype, tensor_scale):
-  nbytes = block // 2
-  tm, tn = out_ref.shape
-
-  def body(j, acc):
-    p = block_dot(a_ref[:, pl.ds(j * nbytes, nbytes)], b_ref[:, pl.ds(j * nbytes, nbytes)],
-                  dot_dtype)
-    fa = scale_factor(sa_ref[:, pl.ds(j, 1)], scale)  # (tm, 1)
-    fb = scale_factor(sbt_ref[pl.ds(j, 1), :], scale)  # (1, tn)
-    # s_a s_b / 4, exact; past FLT_MAX every non-zero block product overflows anyway, and the cap
-    # keeps a zero one zero (0 x inf would be NaN).
-    fab = jnp.minimum(fa * fb, F32(FLT_MAX))
-    return acc + p.astype(F32) * fab  # an exact product (module docstring)
-
-  acc = jax.lax.fori_loop(0, n_blocks, body, jnp.zeros((tm, tn), F32))
-  if tensor_scale:
-    acc = acc * g_ref[...]
-  out_ref[...] = acc.astype(out_ref.dtype)
-
-
-def _partials_kernel(a_ref, b_ref, out_ref, *, dot_dtype):
-  out_ref[...] = block_dot(a_ref[...], b_ref[...], dot_dtype)
 
 
 # --------------------------------------------------------------------------- host side
@@ -329,7 +245,7 @@ def _call(g, a, sa, b, sbt, *, block, scale, dot_dtype, tensor_scale, tm, tn, ou
   nb, m_pad, kc = a.shape
   n_pad = b.shape[1]
   n_blocks = sa.shape[-1]
-  kernel = functools.partial(_gemm_kernel, n_blocks=n_blocks, block=block, scale=scale,
+  kernel = functools.partial(gemm_kernel, n_blocks=n_blocks, block=block, scale=scale,
                              dot_dtype=dot_dtype, tensor_scale=tensor_scale)
   return pl.pallas_call(
       kernel,
@@ -366,7 +282,7 @@ def block_partials(lhs: QArray, rhs: QArray, *, interpret=None, dot_dtype: str |
   nbytes = lhs.fmt.block_size // 2
   interpret = sp.resolve_interpret(interpret)
   out = pl.pallas_call(
-      functools.partial(_partials_kernel, dot_dtype=dot_dtype),
+      functools.partial(partials_kernel, dot_dtype=dot_dtype),
       grid=(a.shape[0], n_blocks, m_pad // tm, n_pad // tn),
       in_specs=[pl.BlockSpec((None, tm, nbytes), lambda z, k, i, j: (z, i, k)),
                 pl.BlockSpec((None, tn, nbytes), lambda z, k, i, j: (z, j, k))],
