@@ -106,6 +106,9 @@ def _sspam_parts_rows():
              for s in scales]
     if recipe != "mxfp4":
       rows += [Row(f"{recipe}_adam{_lr_suffix(s)}", recipe, "adam", s) for s in scales]
+  # the trainer's settings (clipping at 1.0, no total_T) in NVFP4: whether the reference settings'
+  # gain carries over from MXFP4
+  rows.append(Row("nvfp4_full_lr0.5x", "nvfp4", "stable_spam", 0.5))
   return rows
 
 
