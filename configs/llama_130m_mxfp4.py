@@ -30,6 +30,11 @@ def get_config():
   c.optimizer.lr = 1e-3  # peak learning rate
   c.optimizer.warmup_steps = 2000  # linear warm-up from 0
   c.optimizer.min_lr_ratio = 0.1  # then cosine decay to 10% of lr
+  # Stable-SPAM as its reference training script runs it (docs/results.md, "Stable-SPAM vs Adam
+  # in FP4"): b1 and gamma1 follow a cosine to eta_min over the run, and no global-norm clipping
+  # (AdaClip and AdaGN bound each tensor's update).
+  c.optimizer.total_steps = -1  # stable_spam total_T: the run's steps
+  c.optimizer.grad_clip = 0.0  # global-norm clipping off
   c.optimizer.state_dtype = "float32"  # optimizer moments
 
   c.quant.recipe = "mxfp4"  # MXFP4 GEMMs (E8M0 scales of 32; stochastic rounding in backward)

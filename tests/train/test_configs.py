@@ -57,6 +57,19 @@ def test_config_validates_and_documents_its_command(path):
   assert validated.mesh.data * validated.mesh.fsdp * validated.mesh.tensor == 8
 
 
+def test_stable_spam_lm_configs_run_it_as_its_reference_script_does():
+  """total_T = the run and no global-norm clipping (docs/results.md, "Stable-SPAM vs Adam in
+  FP4"); the AdamW configs keep clipping at 1.0, and the diffusion configs their clipping."""
+  configs = by_name()
+  for size in ("tiny", "60m", "130m", "350m", "1b"):
+    for recipe in ("mxfp4", "nvfp4"):
+      o = configs[f"llama_{size}_{recipe}"].optimizer
+      assert (o.name, o.total_steps, o.grad_clip) == ("stable_spam", -1, 0.0), (size, recipe)
+    o = configs[f"llama_{size}_bf16"].optimizer
+    assert (o.name, o.total_steps, o.grad_clip) == ("adamw", 0, 1.0), size
+  assert configs["unet_tiny_digits_mxfp4"].optimizer.grad_clip == 1.0
+
+
 def test_1b_mxfp4_is_the_stable_spam_fsdp_recipe():
   c = load(os.path.join(ROOT, "configs", "llama_1b_mxfp4.py")).get_config()
   assert (c.optimizer.name, c.quant.recipe, c.mesh.fsdp, c.model.size) == ("stable_spam", "mxfp4", 8, "1b")
