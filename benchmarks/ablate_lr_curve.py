@@ -10,9 +10,9 @@ best lr.
 Reads every finished run of DIR/runs/<sweep>/<row>/seed<k> (results.json or failed.json), so it
 works while the sweep is still training. Rows with config overrides are left out, except
 Stable-SPAM with the reference script's settings (total_T = the run, no global clipping), drawn as
-its own line. --earlier adds, as hollow markers, the
-seed-0 points of the earlier 1000-step `lr` / `recipes` sweeps quoted in docs/results.md (same
-configs, same Intel Xeon machine type) that this sweep has not re-run.
+its own line. --earlier adds, as hollow markers, the seed-0 points of the earlier 1000-step `lr` /
+`recipes` sweeps quoted in docs/results.md that this sweep has not re-run (the optim_lr sweep's
+configs and Intel Xeon machine type; not comparable with runs of another machine type).
 """
 
 from __future__ import annotations
