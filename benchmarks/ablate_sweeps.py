@@ -95,7 +95,11 @@ def _optim_lr_rows():
 
 # Stable-SPAM with the reference script's settings against Adam, each over its own lr grid, in the
 # other recipes (and the MXFP4 lr curve of the reference settings beyond 0.5x-1x).
-SSPAM_REF_SCALES = {"mxfp4": (0.25, 2.0), "nvfp4": (0.25, 0.5, 1.0), "bf16": (0.25, 0.5, 1.0)}
+# (MXFP4's 0.5x and 1x are the parts rows above; quartet for the two optimizers the question is about)
+SSPAM_REF_SCALES = {"mxfp4": (0.25, 2.0), "nvfp4": (0.25, 0.5, 1.0), "bf16": (0.25, 0.5, 1.0),
+                    "quartet": (0.5, 1.0)}
+# SPAM (the trainer's settings: clipping at 1.0) as the third optimizer of the comparison
+SSPAM_SPAM_SCALES = {"mxfp4": (0.5, 1.0, 2.0), "nvfp4": (0.5, 1.0)}
 
 
 def _sspam_parts_rows():
@@ -104,8 +108,9 @@ def _sspam_parts_rows():
   for recipe, scales in SSPAM_REF_SCALES.items():
     rows += [Row(f"{recipe}_paper_run{_lr_suffix(s)}", recipe, "stable_spam", s, REFERENCE_SCRIPT)
              for s in scales]
-    if recipe != "mxfp4":
-      rows += [Row(f"{recipe}_adam{_lr_suffix(s)}", recipe, "adam", s) for s in scales]
+    rows += [Row(f"{recipe}_adam{_lr_suffix(s)}", recipe, "adam", s) for s in scales]
+  for recipe, scales in SSPAM_SPAM_SCALES.items():
+    rows += [Row(f"{recipe}_spam{_lr_suffix(s)}", recipe, "spam", s) for s in scales]
   # the trainer's settings (clipping at 1.0, no total_T) in NVFP4: whether the reference settings'
   # gain carries over from MXFP4
   rows.append(Row("nvfp4_full_lr0.5x", "nvfp4", "stable_spam", 0.5))
