@@ -62,3 +62,28 @@ def test_the_package_metadata_builds_without_setuptools_deprecation_warnings():
     project = tomllib.load(f)
   assert isinstance(project["project"]["license"], str)
   assert "setuptools>=77" in project["build-system"]["requires"]
+
+
+def _names(requirements):
+  import re
+  return {re.split(r"[<>=\[ ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_pip_install_brings_only_what_lpjax_always_imports_and_extras_the_rest():
+  # The README's stock-GPU-image set-up: lpjax runs without TFDS, grain, array_record,
+  # tensorboardX, tqdm, sentencepiece and scikit-learn (tests/reliability/test_stock_environment.py),
+  # so `pip install lpjax` must not pull them (TFDS drags in a large tree); `lpjax[data]`,
+  # `lpjax[logging]` and `lpjax[all]` do, and requirements.txt pins every one for CI.
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    project = tomllib.load(f)["project"]
+  core = _names(project["dependencies"])
+  optional = {"tensorflow-datasets", "array-record", "grain", "tensorboardx", "tqdm",
+              "sentencepiece", "scikit-learn"}
+  assert not core & optional
+  assert {"jax", "flax", "optax", "orbax-checkpoint", "ml-collections", "ml-dtypes"} <= core
+  extras = project["optional-dependencies"]
+  assert _names(extras["data"]) | _names(extras["logging"]) == optional
+  assert extras["all"] == ["lpjax[data,logging]"]
+  with open(os.path.join(ROOT, "requirements.txt")) as f:
+    pinned = _names(l for l in f.read().splitlines() if l.strip() and not l.startswith("#"))
+  assert core | optional <= pinned
