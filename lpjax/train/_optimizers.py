@@ -12,11 +12,15 @@ Examples:
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from lpjax import optim
+
+log = logging.getLogger(__name__)
 
 
 def learning_rate_schedule(config) -> optax.Schedule:
@@ -61,6 +65,7 @@ def make_optimizer(config, stacked_layers=None) -> optax.GradientTransformation:
   there and updates them one layer at a time (adam, adamw and spam are elementwise: unchanged).
   """
   o = config.optimizer
+  _warn_if_stable_spam_settings_on_another_optimizer(o)
   schedule = learning_rate_schedule(config)
   state_dtype = jnp.bfloat16 if o.state_dtype == "bfloat16" else None
   if o.name == "adamw":
@@ -83,3 +88,15 @@ def make_optimizer(config, stacked_layers=None) -> optax.GradientTransformation:
   if o.grad_clip > 0:
     tx = optax.chain(optax.clip_by_global_norm(o.grad_clip), tx)
   return tx
+
+
+def _warn_if_stable_spam_settings_on_another_optimizer(o):
+  """A LLaMA FP4 config switched to another optimizer keeps Stable-SPAM's reference-script
+  settings: total_steps (which only stable_spam reads) and grad_clip = 0, i.e. unclipped Adam."""
+  if o.name != "stable_spam" and o.get("total_steps", 0) != 0 and o.grad_clip == 0:
+    log.warning(
+        "optimizer.name=%s with optimizer.grad_clip=0 and optimizer.total_steps=%s: these are "
+        "Stable-SPAM's reference-script settings (the LLaMA FP4 configs), so this run has no "
+        "global-norm clipping, and total_steps is ignored. For the usual %s recipe add "
+        "--config.optimizer.grad_clip=1.0 --config.optimizer.total_steps=0.",
+        o.name, o.total_steps, o.name)

@@ -94,3 +94,39 @@ def test_stable_spam_keeps_statistics_per_block_of_a_scanned_llama(tmp_path, sca
   assert len(jax.tree.leaves(spam_state.max_ema)) == (
       12 if scan_layers else 3 + 9 * layers)  # embed, final norm, head + 9 tensors per block
   trainer.checkpointer.close()
+
+
+def _fp4_config_file():
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "llama_tiny_mxfp4.py")
+  spec = importlib.util.spec_from_file_location("llama_tiny_mxfp4", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+@pytest.mark.parametrize("name,grad_clip,warns", [
+    ("adam", None, True), ("adamw", None, True), ("spam", None, True),  # switched: unclipped
+    ("adam", 1.0, False), ("stable_spam", None, False)])
+def test_an_fp4_config_switched_to_another_optimizer_warns_that_it_is_unclipped(
+    name, grad_clip, warns, caplog):
+  config = _fp4_config_file()
+  assert (config.optimizer.total_steps, config.optimizer.grad_clip) == (-1, 0.0)
+  config.optimizer.name = name
+  if grad_clip is not None:
+    config.optimizer.grad_clip = grad_clip
+  with caplog.at_level("WARNING", logger="lpjax.train._optimizers"):
+    make_optimizer(config)
+  messages = [r.getMessage() for r in caplog.records if r.name == "lpjax.train._optimizers"]
+  assert bool(messages) == warns
+  if warns:
+    assert "no global-norm clipping" in messages[0] and "--config.optimizer.grad_clip=1.0" in messages[0]
+
+
+def test_plain_adam_with_clipping_off_does_not_warn(caplog):
+  config = llama_config("tiny", optimizer="adam")
+  config.optimizer.grad_clip = 0.0  # a deliberate choice: total_steps is 0
+  with caplog.at_level("WARNING", logger="lpjax.train._optimizers"):
+    make_optimizer(config)
+  assert not [r for r in caplog.records if r.name == "lpjax.train._optimizers"]
