@@ -1,7 +1,21 @@
-"""Small configs shared by the trainer tests: `small()` (tiny LLaMA, a few steps) and `override`."""
+"""Small configs shared by the trainer tests: `small()` (tiny LLaMA, a few steps), `override`, and
+`config_file` (a config of configs/ as train.py loads it)."""
+
+import importlib.util
+import os
 
 from lpjax.train import config as cfg_lib
 from lpjax.train import llama_config
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def config_file(name):
+  """get_config() of configs/<name>.py."""
+  spec = importlib.util.spec_from_file_location("cfg", os.path.join(CONFIGS_DIR, name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def override(c, **overrides):

@@ -4,6 +4,7 @@ kept apart in log files, a TensorBoard command that works, a clean package insta
 import json
 import logging
 import os
+import re
 import tomllib
 
 from config_helpers import small
@@ -65,7 +66,7 @@ def test_the_package_metadata_builds_without_setuptools_deprecation_warnings():
 
 
 def _names(requirements):
-  import re
+  """Normalized distribution names of requirement strings ("ml_dtypes>=0.6" -> "ml-dtypes")."""
   return {re.split(r"[<>=\[ ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
 
 

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from config_helpers import config_file
 from lpjax.train.config import llama_config
 from lpjax.train._optimizers import make_optimizer
 
@@ -96,22 +97,12 @@ def test_stable_spam_keeps_statistics_per_block_of_a_scanned_llama(tmp_path, sca
   trainer.checkpointer.close()
 
 
-def _fp4_config_file():
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "llama_tiny_mxfp4.py")
-  spec = importlib.util.spec_from_file_location("llama_tiny_mxfp4", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
 @pytest.mark.parametrize("name,grad_clip,warns", [
     ("adam", None, True), ("adamw", None, True), ("spam", None, True),  # switched: unclipped
     ("adam", 1.0, False), ("stable_spam", None, False)])
 def test_an_fp4_config_switched_to_another_optimizer_warns_that_it_is_unclipped(
     name, grad_clip, warns, caplog):
-  config = _fp4_config_file()
+  config = config_file("llama_tiny_mxfp4")
   assert (config.optimizer.total_steps, config.optimizer.grad_clip) == (-1, 0.0)
   config.optimizer.name = name
   if grad_clip is not None:

@@ -2,7 +2,6 @@
 BatchNorm statistics that train, checkpoint and resume exactly."""
 
 import glob
-import importlib.util
 import json
 import os
 
@@ -10,17 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from config_helpers import override
+from config_helpers import config_file, override
 from lpjax.train._trainer import Trainer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def tiny(name, steps=2, **overrides):
-  spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_file(name)
   c.steps, c.batch_size, c.eval_every, c.checkpoint_every, c.log_every = steps, 16, 0, 0, 1
   c.eval_steps, c.progress_bar, c.data.prefetch = 2, False, 0
   c.optimizer.warmup_steps = 1
