@@ -97,9 +97,9 @@ def _optim_lr_rows():
 # other recipes (and the MXFP4 lr curve of the reference settings beyond 0.5x-1x).
 # (MXFP4's 0.5x and 1x are the parts rows above; quartet for the two optimizers the question is about)
 SSPAM_REF_SCALES = {"mxfp4": (0.25, 2.0), "nvfp4": (0.25, 0.5, 1.0), "bf16": (0.25, 0.5, 1.0),
-                    "quartet": (0.5, 1.0)}
+                    "quartet": (0.25, 0.5, 1.0, 2.0)}
 # SPAM (the trainer's settings: clipping at 1.0) as the third optimizer of the comparison
-SSPAM_SPAM_SCALES = {"mxfp4": (0.5, 1.0, 2.0), "nvfp4": (0.5, 1.0)}
+SSPAM_SPAM_SCALES = {"mxfp4": (0.25, 0.5, 1.0, 2.0), "nvfp4": (0.5, 1.0), "bf16": (0.5, 1.0)}
 
 
 def _sspam_parts_rows():
@@ -239,8 +239,8 @@ DESCRIPTIONS = {
                    "paper's BF16 AdaGN decays (0.85, 0.99999) with and without AdaClip and "
                    "resets, and Adam (none of the parts); the reference script's settings "
                    "(total_T = the run, no global clipping) alone and each of the two; and Adam "
-                   "against Stable-SPAM with those settings over an lr grid in MXFP4, NVFP4 and "
-                   "bf16 (issue 41).",
+                   "against Stable-SPAM with those settings over an lr grid in MXFP4, NVFP4, bf16 "
+                   "and quartet, with SPAM as the third optimizer (issue 41).",
     "schedule": f"MXFP4 with and without bf16 for the first / last {HP_FRACTION:.0%} of the steps.",
     "block_size": "MXFP4 RTN (mxfp4_naive) with blocks of 16, 32 and 64.",
     "recipes": "Every FP4 preset against FP32 Adam at equal steps: full-FP4 (mxfp4_naive, mxfp4, "

@@ -106,7 +106,7 @@ def test_sspam_parts_compares_adam_and_the_reference_settings_over_lrs_in_each_r
   for recipe in ("mxfp4", "nvfp4", "bf16", "quartet"):
     ref = [r for r in rows.values() if r.recipe == recipe and "paper_run" in r.label]
     adam = [r for r in rows.values() if r.recipe == recipe and r.optimizer == "adam"]
-    scales = {0.5, 1.0} if recipe == "quartet" else {0.25, 0.5, 1.0}
+    scales = {0.25, 0.5, 1.0, 2.0} if recipe == "quartet" else {0.25, 0.5, 1.0}
     assert {r.lr_scale for r in ref} >= scales, recipe
     assert {r.lr_scale for r in adam} >= scales, recipe
     assert all(not r.overrides for r in adam)
@@ -119,7 +119,8 @@ def test_sspam_parts_compares_adam_and_the_reference_settings_over_lrs_in_each_r
   assert (c.optimizer.name, c.optimizer.grad_clip, c.optimizer.lr) == ("adam", 1.0, 1.5e-3)
   # SPAM, the third optimizer, with the trainer's settings (global clipping at 1.0, no total_T)
   spam = [r for r in rows.values() if r.optimizer == "spam"]
-  assert {r.recipe for r in spam} >= {"mxfp4", "nvfp4"} and all(not r.overrides for r in spam)
+  assert {r.recipe for r in spam} >= {"mxfp4", "nvfp4", "bf16"} and all(not r.overrides for r in spam)
+  assert {r.lr_scale for r in spam if r.recipe == "mxfp4"} >= {0.25, 0.5, 1.0, 2.0}
   c = sweeps.row_config(rows["mxfp4_spam_lr0.5x"], size="tiny", seed=0, steps=1000)
   assert (c.optimizer.name, c.optimizer.grad_clip, c.optimizer.lr) == ("spam", 1.0, 1.5e-3)
 
