@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import os
 import shlex
 from typing import Any
@@ -326,10 +325,8 @@ def base_config_file(size: str) -> str:
 
 
 def load_config_file(path: str):
-  spec = importlib.util.spec_from_file_location("lpjax_ablate_base_config", os.path.join(REPO, path))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  """The config of `path`, relative to the repository root."""
+  return cfg_lib.load_config_file(os.path.join(REPO, path))
 
 
 _NOT_IN_COMMAND = ("progress_bar", "seed")  # display only / given separately

@@ -57,16 +57,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lpjax.train import Trainer  # noqa: E402
+from lpjax.train.config import load_config_file  # noqa: E402
 from timing import allocator, interleaved_medians  # noqa: E402  (benchmarks/timing.py)
 
 
 def load_config(path: str):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location("bench_config", os.path.join(ROOT, path))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  """The config of `path`, relative to the repository root."""
+  return load_config_file(os.path.join(ROOT, path))
 
 
 def measure(config_path: str, recipe: str, workdir: str):

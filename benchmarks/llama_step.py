@@ -10,7 +10,6 @@ jax is imported on the first compile, after the script sets up its virtual CPU d
 from __future__ import annotations
 
 import functools
-import importlib.util
 import time
 
 
@@ -25,10 +24,8 @@ def add_step_arguments(parser):
 
 def load_config(path: str):
   """The ConfigDict of a config file (its get_config())."""
-  spec = importlib.util.spec_from_file_location("lpjax_bench_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  from lpjax.train.config import load_config_file  # light: no jax import
+  return load_config_file(path)
 
 
 def compile_train_step(config, vocab: int, devices, *, with_state: bool = False):

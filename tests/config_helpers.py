@@ -1,7 +1,6 @@
 """Small configs shared by the trainer tests: `small()` (tiny LLaMA, a few steps), `override`, and
 `config_file` (a config of configs/ as train.py loads it)."""
 
-import importlib.util
 import os
 
 from lpjax.train import config as cfg_lib
@@ -12,10 +11,7 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 def config_file(name):
   """get_config() of configs/<name>.py."""
-  spec = importlib.util.spec_from_file_location("cfg", os.path.join(CONFIGS_DIR, name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return cfg_lib.load_config_file(os.path.join(CONFIGS_DIR, name + ".py"))
 
 
 def override(c, **overrides):

@@ -24,6 +24,7 @@ Examples:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_collections
@@ -36,7 +37,7 @@ from lpjax.train._validate import parse_schedule, validate
 
 __all__ = ["IMAGE_SOURCES", "LLAMA_SIZES", "OPTIMIZERS", "RESUME_CHOICES", "STATE_DTYPES", "TASKS",
            "TEXT_SOURCES", "VISION_MODELS", "ConfigError", "base_config", "flat_keys", "llama_config",
-           "optimizer_defaults", "seq_len_at", "task_keys", "validate"]
+           "load_config_file", "optimizer_defaults", "seq_len_at", "task_keys", "validate"]
 
 
 def llama_config(size: str = "tiny", *, recipe: str = "bf16", optimizer: str = "adamw"):
@@ -53,6 +54,28 @@ def llama_config(size: str = "tiny", *, recipe: str = "bf16", optimizer: str = "
   c.model.size = size
   c.quant.recipe = recipe
   return c
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """The config of a config file (its `get_config()`), as `train.py --config=path` starts from.
+
+  Examples:
+    >>> import lpjax
+    >>> repo = os.path.dirname(lpjax.__path__[0])  # a checkout: configs/ sits beside lpjax/
+    >>> c = load_config_file(os.path.join(repo, "configs", "llama_tiny_mxfp4.py"))
+    >>> c.model.size, c.quant.recipe
+    ('tiny', 'mxfp4')
+  """
+  if not os.path.isfile(path):
+    raise ConfigError(f"config file {path!r} does not exist; pass a path to a file in configs/, "
+                      "e.g. configs/llama_tiny_mxfp4.py")
+  spec = importlib.util.spec_from_file_location("lpjax_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise ConfigError(f"config file {path!r} defines no get_config(); a config file returns its "
+                      "ConfigDict from get_config(), as the files in configs/ do")
+  return module.get_config()
 
 
 def seq_len_at(config, step: int) -> int:

@@ -266,3 +266,14 @@ def test_config_files_state_their_values(path):
   assert [(k.arg, ast.literal_eval(k.value)) for k in base.keywords] == [
       ("optimizer", c.optimizer.name)]
   assert "NUMERICS" + ".md" not in source  # the team's reference is not part of lpjax
+
+
+def test_load_config_file_gives_the_files_config_and_names_a_bad_path(tmp_path):
+  path = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")
+  assert cfg_lib.load_config_file(path).to_dict() == load(path).get_config().to_dict()
+  with pytest.raises(cfg_lib.ConfigError, match="does not exist.*configs/llama_tiny_mxfp4.py"):
+    cfg_lib.load_config_file(str(tmp_path / "nope.py"))
+  empty = tmp_path / "empty.py"
+  empty.write_text("X = 1\n")
+  with pytest.raises(cfg_lib.ConfigError, match="defines no get_config"):
+    cfg_lib.load_config_file(str(empty))
