@@ -32,6 +32,12 @@ def tfds_builder(name: str, data_dir: str | None, packages: tuple[str, ...], exa
                      f"{example}.") from first
 
 
+def text_builder(name: str, data_dir: str | None):
+  """The TFDS builder of a text dataset (the readers of `_tfds_text` and `_tfds_text_tf` share it)."""
+  return tfds_builder(name, data_dir, ("text", "datasets", "image_classification", "structured"),
+                      "'c4/en' or 'wikipedia/20230601.en'")
+
+
 # A stock CUDA JAX image has neither: only data.source='tfds' needs them (embedded / text do not).
 TFDS_INSTALL_HINT = "pip install tensorflow-datasets array-record"
 

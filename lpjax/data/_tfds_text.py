@@ -24,16 +24,11 @@ import logging
 
 import numpy as np
 
-from lpjax.data._tfds_builders import array_record_hint, tfds_builder
+from lpjax.data._tfds_builders import array_record_hint, text_builder
 from lpjax.data._token_stream import _split, process_rows, row_rng
 from lpjax.data._tokenizers import get_tokenizer
 
 log = logging.getLogger("lpjax.data")
-
-
-def _builder(name: str, data_dir: str | None):
-  return tfds_builder(name, data_dir, ("text", "datasets", "image_classification", "structured"),
-                      "'c4/en' or 'wikipedia/20230601.en'")
 
 
 def _prepare_hint(name: str, data_dir: str | None) -> str:
@@ -96,7 +91,7 @@ def tfds_text_dataset(name: str, tokenizer: str = "byte", *, data_dir: str | Non
   """
   if reader not in READERS:
     raise ValueError(f"data.tfds_reader {reader!r} is unknown; valid: {', '.join(READERS)}.")
-  builder = _builder(name, data_dir)  # a clear error for unknown names; registers catalogue builders
+  builder = text_builder(name, data_dir)  # a clear error for unknown names; registers catalogue builders
   if reader == "tf_data":
     return _tf_data(name, tokenizer, data_dir, train_split, eval_split, text_key, row_len, builder)
   try:

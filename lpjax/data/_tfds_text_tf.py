@@ -176,8 +176,8 @@ def tfds_text_tf_dataset(name: str, tokenizer: str = "byte", *, row_len: int,
   import tensorflow_datasets as tfds
 
   if builder is None:
-    from lpjax.data._tfds_text import _builder
-    builder = _builder(name, data_dir)
+    from lpjax.data._tfds_builders import text_builder
+    builder = text_builder(name, data_dir)
   try:  # fail here, not at the first batch
     tfds.load(name, split=train_split, data_dir=data_dir, download=False)
   except Exception as e:

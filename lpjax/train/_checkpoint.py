@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lpjax.train._resume import StateMismatch, flat_structure, structure_differences
+from lpjax.train._state_structure import StateMismatch, flat_structure, structure_differences
 
 
 def _abstract(tree):

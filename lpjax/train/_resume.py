@@ -6,11 +6,6 @@ structures resume (config changes such as the recipe or the schedule are logged)
 stop the run before anything in the workdir changes, unless `config.resume` says what to do.
 
 Examples:
-  >>> import numpy as np
-  >>> old = flat_structure({"w": np.zeros((2, 3), np.float32)})
-  >>> new = flat_structure({"w": np.zeros((2, 4), np.float32), "b": np.zeros(4, np.float32)})
-  >>> structure_differences(old, new)
-  ['b: (absent) -> (4,) float32', 'w: (2, 3) float32 -> (2, 4) float32']
   >>> config_changes({"steps": 100, "quant.recipe": "mxfp4"}, {"steps": 200, "quant.recipe": "mxfp4"})
   ['steps 100 -> 200']
 """
@@ -25,41 +20,14 @@ import time
 
 import jax
 
+from lpjax.train._checkpoint import Checkpointer
 from lpjax.train._config_schema import ConfigError
+from lpjax.train._state_structure import StateMismatch  # noqa: F401 (the trainer catches it here)
 
 log = logging.getLogger("lpjax.train")
 
 # What a run leaves in its workdir; `archive_run` moves these aside together.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "results.json", "tensorboard", "config.json")
-
-
-class StateMismatch(Exception):
-  """The checkpoint at `step` holds a state of another structure than the target's."""
-
-  def __init__(self, step: int, differences: list[str], saved_config: dict | None):
-    super().__init__(f"checkpoint {step}: {len(differences)} arrays differ")
-    self.step, self.differences, self.saved_config = step, differences, saved_config
-
-
-def _key_name(key) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
-def flat_structure(tree) -> dict[str, tuple]:
-  """{"a/b/c": (shape, dtype name)} for every array leaf (arrays, abstract arrays, orbax metadata)."""
-  return {"/".join(_key_name(k) for k in path): (tuple(leaf.shape), str(leaf.dtype))
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def structure_differences(saved: dict, current: dict) -> list[str]:
-  """One "path: saved -> current" line per array whose presence, shape or dtype differs (sorted)."""
-  def show(entry):
-    return "(absent)" if entry is None else f"{entry[0]} {entry[1]}"
-  return [f"{path}: {show(saved.get(path))} -> {show(current.get(path))}"
-          for path in sorted(set(saved) | set(current)) if saved.get(path) != current.get(path)]
 
 
 def flat_config(config) -> dict:
@@ -138,7 +106,6 @@ def resolve_mismatch(trainer, state, mismatch: StateMismatch):
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("lpjax archive_run")
-  from lpjax.train._checkpoint import Checkpointer  # (it imports this module)
   trainer.checkpointer = Checkpointer(os.path.join(trainer.workdir, "checkpoints"),
                                       keep=trainer.config.keep_checkpoints)
   log.warning("The checkpoint of step %d held another state structure (%s); resume=%s: the old "
