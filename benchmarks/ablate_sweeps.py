@@ -1,6 +1,6 @@
 """The ablation sweeps of benchmarks/ablate.py: rows as data, and the config of one (row, seed).
 
-A row is a recipe spec (`lpjax.quant._recipe_variants`), an optimizer with its paper settings, a
+A row is a recipe spec (`lpjax.quant.recipes.variants`), an optimizer with its paper settings, a
 learning-rate multiple and a few config overrides, applied on top of the size's paper run,
 configs/llama_<size>_bf16.py ("tiny" at CPU scale). Every sweep starts with the
 reference row FP32 + Adam, against which every table reports its loss ratio.

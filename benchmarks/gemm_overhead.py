@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from lpjax.quant import OperandQuant, dot_general, recipes
-from lpjax.quant import _operand as opq  # the operand quantizers the GEMMs use (no public API)
+from lpjax.quant.gemm import operand as opq  # the operand quantizers the GEMMs use (no public API)
 from timing import allocator, interleaved_medians  # benchmarks/timing.py
 
 _DN = (((1,), (0,)), ((), ()))  # (tokens, d) x (d, f)

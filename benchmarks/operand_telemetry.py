@@ -38,9 +38,9 @@ import numpy as np
 
 from lpjax import quant
 from lpjax.nn import _layers
-from lpjax.quant import _operand as opq
-from lpjax.quant._gemm import _signs
-from lpjax.quant._gemm_recipe import OperandQuant
+from lpjax.quant.gemm import operand as opq
+from lpjax.quant.gemm.dot_general import gemm_signs
+from lpjax.quant.recipes.gemm_recipe import OperandQuant
 from lpjax.train import config as cfg_lib
 from lpjax.train._trainer import Trainer
 
@@ -57,7 +57,7 @@ def _operand_stats(recipe, key, tensors: dict) -> dict:
     op = getattr(getattr(recipe, gemm), side)
     if name not in tensors or not isinstance(op, OperandQuant):
       continue
-    signs, block = _signs(key, recipe, gemm)
+    signs, block = gemm_signs(key, recipe, gemm)
     out[(gemm, side)] = opq.stats(tensors[name], op, axis=axis,
                                   key=opq.operand_key(key, gemm, 0 if side == "lhs" else 1),
                                   signs=signs, block=block)

@@ -1,12 +1,18 @@
-"""The dependency directions of lpjax's packages, and a repository that stands on its own.
+"""The layers of lpjax, every import pointing down, no import circles, and a repository that stands
+on its own.
 
-- quant imports no Flax and nothing of lpjax but itself (pallas is loaded only by module name,
-  through the implementation registry of `lpjax.quant.quantize(..., impl=...)`);
-- optim imports nothing of lpjax; nn only quant; models only nn, quant and models;
-- data imports no model, layer or training code; pallas only quant; eval nothing of train;
-- no file of the repository points at a path outside it (the numerics contract cited everywhere
-  is docs/numerics.md).
+The layer order is written once, in `LAYERS` (packages, lowest first) and `QUANT_LAYERS` (the
+sub-packages of lpjax.quant, lowest first). A module may import:
+- modules of its own package (lpjax.quant: of its own layer or a lower one);
+- packages of a lower layer (never one of the same layer: data, optim, quant and eval stand apart).
+Loads by name count as imports: `importlib.import_module("...")`, `__import__("...")`, and a
+dotted lpjax module path given to a registry's `provide`, `find_spec` or `patch`.
+The registries of lpjax.quant (lpjax/quant/backends.py) are filled from the top, lpjax/__init__.py.
+No file of the repository points at a path outside it (the numerics contract cited everywhere
+is docs/numerics.md).
 """
+
+from __future__ import annotations
 
 import ast
 import pathlib
@@ -16,64 +22,239 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("quant", "pallas", "optim", "nn", "models", "data", "eval", "train")
-# package -> the lpjax packages it may import (itself always allowed)
-ALLOWED = {
-    "quant": set(),
-    "pallas": {"quant"},
-    "optim": set(),
-    "nn": {"quant"},
-    "models": {"nn", "quant"},
-    "data": set(),
-    "eval": set(),
-    "train": set(PACKAGES),
-}
+LPJAX = ROOT / "lpjax"
+# lpjax's packages, lowest layer first; "lpjax" itself (lpjax/__init__.py) is the top.
+LAYERS = (("data", "eval", "optim", "quant"), ("nn", "pallas"), ("models",), ("train",))
+PACKAGES = tuple(p for layer in LAYERS for p in layer)
+# Inside lpjax.quant, lowest first; "__init__" (the public API) is the top of quant.
+QUANT_LAYERS = ("backends", "numerics", "formats", "codec", "schemes", "recipes", "policy", "gemm",
+                "intercept")
 NO_FLAX = ("quant", "optim", "pallas")
 
 
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _all_modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(LPJAX.rglob("*.py"))}
+
+
+MODULES = _all_modules()
+_DOTTED = re.compile(r"lpjax(\.\w+)+")
+
+
+# Calls whose string arguments name a module to load: a registry's provider, a module spec, a
+# mock target (a logger's name, "lpjax.train", is no import).
+_NAMING_CALLS = ("provide", "find_spec", "patch")
+
+
+def _call_name(call: ast.Call) -> str | None:
+  return getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+
+
+def _load_target(call: ast.Call) -> str | None:
+  """The module a `import_module(...)` / `__import__(...)` call loads (an f-string: its constant
+  start, e.g. "lpjax." for f"lpjax.{name}")."""
+  if _call_name(call) not in ("import_module", "__import__") or not call.args:
+    return None
+  arg = call.args[0]
+  if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+    return arg.value
+  if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+    return str(arg.values[0].value).rstrip(".")
+  return None
+
+
 def _imports(path: pathlib.Path) -> set[str]:
-  """Every module a file imports, at any depth (lazy imports inside functions count too)."""
+  """Every module a file imports or loads by name, at any depth (lazy imports inside functions
+  count too); `from a import b` gives a.b (module b of a, or name b of module a)."""
   tree = ast.parse(path.read_text(), str(path))
   names = set()
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       names.update(a.name for a in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      names.add(node.module)
-      names.update(f"{node.module}.{a.name}" for a in node.names)
+      names.update(f"{node.module}.{a.name}" for a in node.names)  # a module, or a name of one
+    elif isinstance(node, ast.Call) and (target := _load_target(node)):
+      names.add(target)
+    elif isinstance(node, ast.Call) and _call_name(node) in _NAMING_CALLS:
+      names.update(a.value for a in node.args
+                   if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                   and _DOTTED.fullmatch(a.value))
   return names
 
 
-def _package_files(package: str):
-  return sorted((ROOT / "lpjax" / package).rglob("*.py"))
+def _lpjax_edges(path: pathlib.Path) -> set[str]:
+  """The lpjax modules a file depends on: each imported name resolved to the longest module path
+  that exists (`from lpjax.quant import recipes` -> lpjax.quant.recipes; `... import QuantPolicy`
+  -> lpjax.quant)."""
+  out = set()
+  for name in _imports(path):
+    parts = name.split(".")
+    if parts[0] != "lpjax":
+      continue
+    for n in range(len(parts), 0, -1):
+      candidate = ".".join(parts[:n])
+      if candidate in MODULES:
+        out.add(candidate)
+        break
+  out.discard(_module_name(path))
+  return out
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_imports_only_what_it_may(package):
+def _rank(module: str) -> tuple[int, int] | None:
+  """(package layer, quant layer) of a module; None for lpjax itself (the top)."""
+  parts = module.split(".")
+  if len(parts) == 1:
+    return None
+  layer = next(i for i, names in enumerate(LAYERS) if parts[1] in names)
+  if parts[1] != "quant":
+    return layer, 0
+  if len(parts) == 2:  # lpjax/quant/__init__.py, the public API: the top of quant
+    return layer, len(QUANT_LAYERS)
+  return layer, QUANT_LAYERS.index(parts[2])
+
+
+def _violation(src: str, dst: str) -> str | None:
+  """Why src importing dst breaks the layering, or None."""
+  s, d = _rank(src), _rank(dst)
+  if s is None:  # the top may import anything
+    return None
+  if d is None:
+    return "imports lpjax itself (the top)"
+  src_pkg, dst_pkg = src.split(".")[1], dst.split(".")[1]
+  if src_pkg != dst_pkg:
+    if d[0] >= s[0]:
+      return f"{src_pkg} may not import {dst_pkg} (same or higher layer)"
+    return None
+  if src_pkg == "quant" and d[1] > s[1]:
+    return f"quant's {QUANT_LAYERS[s[1]]} may not import the higher layer {dst}"
+  return None
+
+
+def test_the_layer_order_names_every_package_and_quant_subpackage():
+  on_disk = {p.name for p in LPJAX.iterdir() if (p / "__init__.py").exists()}
+  assert on_disk == set(PACKAGES), on_disk ^ set(PACKAGES)
+  quant = {p.stem for p in (LPJAX / "quant").iterdir()
+           if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+  assert quant == set(QUANT_LAYERS), quant ^ set(QUANT_LAYERS)
+
+
+def test_every_import_points_down():
   bad = []
-  for path in _package_files(package):
-    for name in _imports(path):
-      parts = name.split(".")
-      if parts[0] == "lpjax" and len(parts) > 1 and parts[1] in PACKAGES:
-        if parts[1] != package and parts[1] not in ALLOWED[package]:
-          bad.append(f"{path.relative_to(ROOT)} imports {name}")
-      if package in NO_FLAX and parts[0] == "flax":
-        bad.append(f"{path.relative_to(ROOT)} imports {name} (no Flax in {package})")
+  for module, path in MODULES.items():
+    for dst in sorted(_lpjax_edges(path)):
+      why = _violation(module, dst)
+      if why:
+        bad.append(f"{path.relative_to(ROOT)} imports {dst}: {why}")
   assert not bad, "\n".join(bad)
 
 
-def test_the_checker_sees_lazy_imports(tmp_path):
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module (Tarjan), each sorted."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in graph.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_no_import_circles():
+  graph = {m: _lpjax_edges(p) for m, p in MODULES.items()}
+  assert not _cycles(graph), "import circles:\n" + "\n".join(" <-> ".join(c) for c in _cycles(graph))
+
+
+def test_no_flax_below_nn():
+  bad = [f"{p.relative_to(ROOT)} imports {n}" for m, p in MODULES.items()
+         if m.split(".")[1:2] and m.split(".")[1] in NO_FLAX
+         for n in _imports(p) if n.split(".")[0] == "flax"]
+  assert not bad, "\n".join(bad)
+
+
+def test_nothing_outside_quant_reaches_its_private_modules():
+  """pallas, nn, models, train and the benchmarks use quant's documented modules (each
+  sub-package's docstring lists them), never a `_private` one."""
+  files = [p for m, p in MODULES.items() if not m.startswith("lpjax.quant")]
+  files += sorted((ROOT / "benchmarks").rglob("*.py"))
+  bad = [f"{p.relative_to(ROOT)} imports {n}" for p in files for n in _imports(p)
+         if n.startswith("lpjax.quant.") and any(s.startswith("_") for s in n.split(".")[2:])]
+  assert not bad, "\n".join(bad)
+
+
+def test_quant_subpackages_document_what_they_offer_and_shadow_no_public_name():
+  import lpjax.quant as quant
+  for name in QUANT_LAYERS:
+    path = LPJAX / "quant" / name
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert len(doc) > 100, f"{path.relative_to(ROOT)} does not say what it offers"
+    assert name not in quant.__all__ or name == "recipes", f"lpjax.quant.{name} shadows a public name"
+  for sub in (LPJAX / "quant").iterdir():
+    if sub.is_dir() and (sub / "__init__.py").exists():
+      doc = ast.get_docstring(ast.parse((sub / "__init__.py").read_text()))
+      for mod in sub.glob("*.py"):
+        if mod.name != "__init__.py":
+          assert f"`{mod.stem}`" in doc, f"lpjax/quant/{sub.name}/__init__.py omits `{mod.stem}`"
+
+
+# --- the checker itself -----------------------------------------------------------------------
+
+def test_the_checker_sees_lazy_imports_and_loads_by_name(tmp_path):
   f = tmp_path / "m.py"
-  f.write_text("def g():\n  from lpjax.train import config\n  import flax.nnx\n")
-  assert {"lpjax.train", "lpjax.train.config", "flax.nnx"} <= _imports(f)
+  f.write_text('"""lpjax.train in a docstring is no import."""\n'
+               "import importlib, logging\n"
+               "LOG = logging.getLogger('lpjax.data')\n"
+               "def g():\n  from lpjax.train import config\n  import flax.nnx\n"
+               "  importlib.import_module('lpjax.pallas')\n  __import__('lpjax.nn')\n"
+               "  importlib.import_module(f'lpjax.models.{g}')\n"
+               "  REG.provide('x', 'lpjax.eval')\n")
+  assert _imports(f) == {"importlib", "logging", "lpjax.train.config", "flax.nnx",
+                         "lpjax.pallas", "lpjax.nn", "lpjax.models", "lpjax.eval"}
 
 
-def test_quant_loads_pallas_only_by_name_through_its_registry():
-  text = (ROOT / "lpjax" / "quant" / "_quantize.py").read_text()
-  assert re.search(r"import_module\(\s*[\"']lpjax\.pallas[\"']", text)
-  for path in _package_files("quant"):
-    assert not any(n.startswith("lpjax.pallas") for n in _imports(path)), path
+def test_the_checker_finds_circles_and_upward_arrows():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert _cycles({"a": {"b"}, "b": set()}) == []
+  assert _violation("lpjax.quant.codec.qarray", "lpjax.pallas")
+  assert _violation("lpjax.quant.codec.qarray", "lpjax.quant.gemm.operand")
+  assert _violation("lpjax.quant.codec.qarray", "lpjax.quant")  # the public API is quant's top
+  assert _violation("lpjax.nn._layers", "lpjax.pallas")  # same layer
+  assert _violation("lpjax.data._pipeline", "lpjax.optim")
+  assert _violation("lpjax.models.llama", "lpjax.train.config")
+  assert _violation("lpjax.quant.backends", "lpjax")
+  assert not _violation("lpjax.quant.gemm.operand", "lpjax.quant.codec.qarray")
+  assert not _violation("lpjax.pallas._ops", "lpjax.quant.codec.scales_exact")
+  assert not _violation("lpjax", "lpjax.pallas")
+  assert not _violation("lpjax.train._trainer", "lpjax.models.llama")
 
+
+# --- a repository that stands on its own ------------------------------------------------------
 
 def _tracked_text_files():
   out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
@@ -118,6 +299,10 @@ def test_markdown_links_resolve_inside_the_repository():
   assert not bad, "\n".join(bad)
 
 
+# The modules of a package that are not `_private`: public ones, and quant's documented layers.
+_NAMED_MODULES = {"quant": {"backends", "policy"}, "train": {"config"}}
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_public_api_is_declared_and_modules_are_private(package):
   init = ROOT / "lpjax" / package / "__init__.py"
@@ -127,7 +312,7 @@ def test_public_api_is_declared_and_modules_are_private(package):
   if package == "models":  # one public module per model (lpjax.models.llama, ...)
     return
   assert exported, f"lpjax/{package}/__init__.py declares no __all__"
-  public_modules = {"quant": {"recipes"}, "train": {"config"}}.get(package, set())
   for path in (ROOT / "lpjax" / package).glob("*.py"):
     if path.name != "__init__.py" and not path.name.startswith("_"):
-      assert path.stem in public_modules, f"{path.relative_to(ROOT)} should be private (_{path.name})"
+      assert path.stem in _NAMED_MODULES.get(package, set()), (
+          f"{path.relative_to(ROOT)} should be private (_{path.name})")

@@ -3,7 +3,8 @@
 The interception itself (`lpjax.quant.quantized`) knows no Flax; this module adapts the two Flax
 APIs to it: the weights are the model's `nnx.Param`s (NNX) or its "params" collection (linen),
 and their paths are the module paths the policy matches ("layers/0/mlp/up_proj").
-`lpjax.quant.quantize_model` loads this module by name.
+It registers them as the "linen" and "nnx" model adapters of `lpjax.quant.backends`, through
+which `lpjax.quant.quantize_model` reaches them.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -33,8 +34,8 @@ import jax
 from flax import linen as nn
 from flax import nnx
 
-from lpjax.quant import QuantPolicy
-from lpjax.quant._intercept import as_policy, run
+from lpjax.quant import QuantPolicy, backends
+from lpjax.quant.intercept.entry_points import as_policy, run
 
 
 class QuantizedModel(nnx.Module):
@@ -140,12 +141,31 @@ def quantize_model(model, policy="bf16", *, rngs=None, weight_axes: dict | None 
     see the same parameters, under the "model" attribute). Linen: a `QuantizedLinen` with the
     model's `init` and a quantized `apply`.
   """
-  policy = as_policy(policy)
-  if isinstance(model, nnx.Module):
-    return QuantizedModel(model, policy, rngs=rngs, weight_axes=weight_axes)
-  if isinstance(model, nn.Module):
-    if rngs is not None:
-      raise TypeError("A linen model takes its key per call: apply(..., rngs={'quant': key}).")
-    return QuantizedLinen(model, policy, weight_axes)
-  raise TypeError(f"quantize_model takes a Flax linen or NNX module, got {type(model).__name__}; "
-                  "for a plain JAX function use lpjax.quant.quantized(fn, policy).")
+  wrapped = _adapt_nnx(model, as_policy(policy), rngs=rngs, weight_axes=weight_axes)
+  if wrapped is NotImplemented:
+    wrapped = _adapt_linen(model, as_policy(policy), rngs=rngs, weight_axes=weight_axes)
+  if wrapped is NotImplemented:
+    raise TypeError(f"quantize_model takes a Flax linen or NNX module, got {type(model).__name__}; "
+                    "for a plain JAX function use lpjax.quant.quantized(fn, policy).")
+  return wrapped
+
+
+def _adapt_nnx(model, policy: QuantPolicy, *, rngs=None, weight_axes: dict | None = None):
+  """The "nnx" model adapter of lpjax.quant (NotImplemented for a model that is not NNX)."""
+  if not isinstance(model, nnx.Module):
+    return NotImplemented
+  return QuantizedModel(model, policy, rngs=rngs, weight_axes=weight_axes)
+
+
+def _adapt_linen(model, policy: QuantPolicy, *, rngs=None, weight_axes: dict | None = None):
+  """The "linen" model adapter of lpjax.quant (NotImplemented for a model that is not linen)."""
+  if not isinstance(model, nn.Module):
+    return NotImplemented
+  if rngs is not None:
+    raise TypeError("A linen model takes its key per call: apply(..., rngs={'quant': key}).")
+  return QuantizedLinen(model, policy, weight_axes)
+
+
+# `lpjax.quant.quantize_model` finds these in its registry (declared at `import lpjax`).
+backends.MODEL_ADAPTERS.register("nnx", _adapt_nnx)
+backends.MODEL_ADAPTERS.register("linen", _adapt_linen)

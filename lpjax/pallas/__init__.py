@@ -29,7 +29,7 @@ from lpjax.pallas._native import NATIVE_FORMATS, native_gemm_supported, native_m
 from lpjax.pallas._ops import dequantize, double_quantize, fake_quant, quantize
 from lpjax.pallas._rht import hadamard, hadamard_fake_quant, hadamard_quantize
 from lpjax.pallas._support import SUPPORTED_FORMATS, check_supported, unsupported_reason
-from lpjax.quant._quantize import register_backend as _register_backend
+from lpjax.quant import backends as _backends
 
 __all__ = [
     "NATIVE_FORMATS", "SUPPORTED_FORMATS", "check_supported", "dequantize", "double_quantize",
@@ -38,7 +38,8 @@ __all__ = [
     "native_gemm_supported", "native_matmul", "quantize", "unsupported_reason",
 ]
 
-_register_backend("pallas", types.SimpleNamespace(
+# The "pallas" kernel backend of lpjax.quant (lpjax.quant.backends.KERNELS; declared at `import lpjax`).
+_backends.KERNELS.register("pallas", types.SimpleNamespace(
     unsupported=unsupported_reason, check_supported=check_supported, quantize=quantize,
     dequantize=dequantize, fake_quant=fake_quant, fp4_matmul=fp4_matmul,
     fp4_gemm_reason=fp4_gemm_reason, fp4_gemm_compatible=_fp4_compatible))

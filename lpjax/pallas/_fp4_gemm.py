@@ -46,8 +46,8 @@ from jax.experimental import pallas as pl
 
 from lpjax.pallas import _fp4_gemm_sharded as gemm_sharded, _support as sp
 from lpjax.pallas._fp4_gemm_kernels import gemm_kernel, partials_kernel
-from lpjax.quant import _formats as formats
-from lpjax.quant._quantize import QArray
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.codec.qarray import QArray
 
 I32 = jnp.int32
 F32 = jnp.float32

@@ -9,7 +9,7 @@ JAX's default GPU backend is Mosaic GPU) and in interpret mode anywhere.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from lpjax.quant import _formats as formats
+  >>> from lpjax.quant.formats import specs as formats
   >>> from lpjax.pallas import _plan as plan
   >>> x = jnp.linspace(-6.0, 6.0, 64).reshape(2, 32)
   >>> view = plan.make_view(x.shape, 1, 32, ("rows",))
@@ -30,9 +30,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from lpjax.pallas import _tile_codec as tc
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant._hadamard import normalizer as hadamard_normalizer
-from lpjax.quant import _rng as rng
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.schemes.hadamard import normalizer as hadamard_normalizer
+from lpjax.quant.numerics import rng
 
 U32 = jnp.uint32
 I32 = jnp.int32

@@ -26,9 +26,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _formats as formats, _tables as tables
-from lpjax.quant._packing import unpack_fp4
-from lpjax.quant._quantize import QArray, dequantize
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.formats import tables
+from lpjax.quant.formats.packing import unpack_fp4
+from lpjax.quant.codec.qarray import QArray, dequantize
 
 NATIVE_FORMATS = ("nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 _ELEMENT_DTYPES = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}

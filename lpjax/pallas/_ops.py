@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from lpjax.pallas import _kernels as kernels, _plan as plan, _sharded as sharded
 from lpjax.pallas import _support as sp
 from lpjax.pallas import _tile_codec as tc
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _scales as sc
-from lpjax.quant._quantize import QArray
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.codec import scales_exact as sc
+from lpjax.quant.codec.qarray import QArray
 
 U32 = jnp.uint32
 

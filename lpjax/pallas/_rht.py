@@ -17,7 +17,7 @@ may give Inf), which quantize to the same NaN blocks.
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> from lpjax import quant
-  >>> from lpjax.quant import _operand as operand
+  >>> from lpjax.quant.gemm import operand
   >>> x = jax.random.normal(jax.random.key(0), (16, 40))
   >>> signs = quant.random_signs(jax.random.key(1), 16)
   >>> q = hadamard_quantize(x, "nvfp4", block=16, signs=signs)
@@ -38,8 +38,8 @@ import jax.numpy as jnp
 
 from lpjax.pallas import _kernels as kernels, _ops as ops, _plan as plan
 from lpjax.pallas import _support as sp
-from lpjax.quant._hadamard import butterfly_stages
-from lpjax.quant._hadamard import hadamard as xla_hadamard
+from lpjax.quant.schemes.hadamard import butterfly_stages
+from lpjax.quant.schemes.hadamard import hadamard as xla_hadamard
 
 F32 = jnp.float32
 

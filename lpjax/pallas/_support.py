@@ -1,7 +1,7 @@
 """Which formats and shapes the kernels handle, argument checks, and where they run.
 
 Examples:
-  >>> from lpjax.quant import _formats as formats
+  >>> from lpjax.quant.formats import specs as formats
   >>> unsupported_reason(formats.get_format("mxfp4")) is None
   True
   >>> unsupported_reason(formats.get_format("nvfp4_16x16"))
@@ -15,8 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _formats as formats
-from lpjax.quant._packing import _normalize_axis
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.formats import packing
 
 SUPPORTED_FORMATS = ("mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "nvfp4")
 _SUPPORTED_TEXT = (f"{', '.join(SUPPORTED_FORMATS)} (and custom block formats with e8m0 or ue4m3 "
@@ -94,4 +94,4 @@ def normalize_axis(axis: int, shape, fmt) -> int:
   if len(shape) == 0:
     raise ValueError(f"Format {fmt} scales blocks along an axis; got a scalar. Use a per-tensor "
                      "format (e.g. 'fp8_e4m3') or reshape to rank >= 1.")
-  return _normalize_axis(axis, len(shape))
+  return packing.normalize_axis(axis, len(shape))

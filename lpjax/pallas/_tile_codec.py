@@ -1,11 +1,11 @@
-"""The quantizer of `lpjax.quant._codec`, restated for one kernel tile with ops Triton can lower.
+"""The quantizer of `lpjax.quant.codec.group_codec`, restated for one kernel tile with ops Triton can lower.
 
 A tile holds whole scaling groups in a grouped view (a keepdims reduction over `axis` gives one
 value per group). Encoding and decoding call the same exact-integer routines as the XLA path
 (`fp32_bits.split`, `round_to_grid`, `scales.e8m0_exponent`, ...), so the bits agree by
 construction. Three things differ, because a Triton kernel cannot run them:
 
-- `_materialize.materialize` (an XLA:CPU fusion workaround that divides by an opaque 1) is left out; it
+- `materialize.materialize` (an XLA:CPU fusion workaround that divides by an opaque 1) is left out; it
   returns its input unchanged.
 - NVFP4's per-tensor values (S_enc, 1/S_enc: a 26-step restoring division) are computed once on the
   host side (`nvfp4_tensor_constants`) and passed in.
@@ -14,7 +14,8 @@ construction. Three things differ, because a Triton kernel cannot run them:
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from lpjax.quant import _formats as formats, _fp32_bits as fp32_bits
+  >>> from lpjax.quant.formats import specs as formats
+  >>> from lpjax.quant.numerics import fp32_bits
   >>> bits = fp32_bits.to_bits(jnp.array([[1.0, -3.0, 0.25, 6.0]]))
   >>> codes, scales = encode(bits, formats.get_format("mxfp4"), 1, rounding="nearest_even",
   ...                        scale_mode="floor")
@@ -29,10 +30,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _formats as formats
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _rng as rng
-from lpjax.quant import _scales as sc
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.numerics import rng
+from lpjax.quant.codec import scales_exact as sc
 
 U32 = jnp.uint32
 I32 = jnp.int32
@@ -169,5 +170,5 @@ def unpack_nibbles(packed, axis: int):
 
 
 def random_bits(flat_index, k0, k1):
-  """The stochastic-rounding bits of `lpjax.quant._rng` for uint32 flat indices."""
+  """The stochastic-rounding bits of `lpjax.quant.numerics.rng` for uint32 flat indices."""
   return rng.hash_bits(flat_index, k0, k1)

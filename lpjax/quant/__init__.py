@@ -1,9 +1,26 @@
 """lpjax.quant: low-precision number formats, exact quantizers, and quantized GEMMs.
 
 This is the public API of the package (everything a user calls is listed in `__all__` and in
-docs/quant.md and docs/gemm.md); the modules whose names start with "_" are its implementation
-and may change without notice. The numerics follow the project's contract, docs/numerics.md.
-This package does not import Flax, nor anything of lpjax's models or training loop.
+docs/quant.md and docs/gemm.md). The numerics follow the project's contract, docs/numerics.md.
+This package does not import Flax, nor anything of lpjax above it (lpjax.pallas, nn, models,
+train), not even by name.
+
+Inside, the layers, each importing only those before it (tests/test_architecture.py):
+
+| layer | what it is |
+|---|---|
+| `backends` | the registries that higher packages fill: kernel backends, model adapters |
+| `numerics/` | exact float32 arithmetic on bit patterns, the stochastic-rounding hash |
+| `formats/` | format specs, decode tables, FP4 packing, scaling-group layout |
+| `codec/` | QArray, quantize / dequantize, block scales (exact and fast), the fast element path |
+| `schemes/` | the papers' quantizers: Hadamard, QuEST, NVFP4 4/6 and MS-EDEN, SSP |
+| `recipes/` | GemmRecipe, the presets, the variant grammar (`recipes` is public) |
+| `policy` | QuantPolicy: which call site gets which recipe |
+| `gemm/` | quantized dot_general / einsum / conv, kernel dispatch, FP4 weight gather |
+| `intercept/` | any function's or model's GEMMs through a policy |
+
+Each sub-package's docstring says what it offers to the rest of lpjax (lpjax.pallas and lpjax.nn
+use those modules); the names re-exported here are the API users call.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -18,7 +35,7 @@ Examples:
 """
 
 # Formats, quantizers, packing and the Hadamard transform (docs/quant.md).
-from lpjax.quant._formats import (
+from lpjax.quant.formats.specs import (
     E8M0_SCALE_MODES,
     ELEMENT_FORMATS,
     FORMAT_NAMES,
@@ -30,26 +47,26 @@ from lpjax.quant._formats import (
     QuantFormat,
     get_format,
 )
-from lpjax.quant._fast_codec import reference_arithmetic
-from lpjax.quant._hadamard import hadamard, hadamard_matrix, random_signs
-from lpjax.quant._packing import pack_fp4, unpack_fp4
-from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize, random_bits
-from lpjax.quant._ssp import NAMES as SSP_NAMES
-from lpjax.quant._ssp import quantize_ssp as ssp_fake_quant
-from lpjax.quant._tables import decode_table
+from lpjax.quant.codec.fast_elements import reference_arithmetic
+from lpjax.quant.schemes.hadamard import hadamard, hadamard_matrix, random_signs
+from lpjax.quant.formats.packing import pack_fp4, unpack_fp4
+from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize, random_bits
+from lpjax.quant.schemes.ssp import NAMES as SSP_NAMES
+from lpjax.quant.schemes.ssp import quantize_ssp as ssp_fake_quant
+from lpjax.quant.formats.tables import decode_table
 
 # Quantized GEMMs / convolutions, recipes and per-layer policies (docs/gemm.md).
 from lpjax.quant import recipes
-from lpjax.quant._conv import conv_general_dilated, conv_operand_stats
-from lpjax.quant._einsum import einsum, einsum_operand_stats
-from lpjax.quant._gemm import dot_general, operand_stats
-from lpjax.quant._intercept import (collect_sites, quantize_model, quantized, report,
+from lpjax.quant.gemm.conv import conv_general_dilated, conv_operand_stats
+from lpjax.quant.gemm.einsum import einsum, einsum_operand_stats
+from lpjax.quant.gemm.dot_general import dot_general, operand_stats
+from lpjax.quant.intercept.entry_points import (collect_sites, quantize_model, quantized, report,
                                     stacked_weights)
-from lpjax.quant._intercept_sites import Report, Site
-from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
-from lpjax.quant._operand import fake_quant_operand
-from lpjax.quant._policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
-from lpjax.quant._weight_gather import gather_weight, weight_sharding
+from lpjax.quant.intercept.sites import Report, Site
+from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant.gemm.operand import fake_quant_operand
+from lpjax.quant.policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
+from lpjax.quant.gemm.weight_gather import gather_weight, weight_sharding
 from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
 

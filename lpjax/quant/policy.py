@@ -56,7 +56,7 @@ from typing import Sequence, Union
 import jax
 
 from lpjax.quant import recipes
-from lpjax.quant._gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
+from lpjax.quant.recipes.gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
 
 RecipeLike = Union[str, GemmRecipe]
 

@@ -180,11 +180,11 @@ def _check_names(config, problems):
     except (ValueError, TypeError) as e:
       if isinstance(value, str) and ":" in value:  # a variant: the spec parser names the problem
         problems.append(f"quant.{field}: {e} (grammar '<preset>:key=value,...', see "
-                        "lpjax/quant/_recipe_variants.py).")
+                        "lpjax/quant/recipes/variants.py).")
       else:
         problems.append(f"quant.{field} {value!r} is unknown; valid: {', '.join(recipes.NAMES)}, "
                         "or a variant '<preset>:key=value,...' such as 'mxfp4:block_size=16' "
-                        "(lpjax/quant/_recipe_variants.py).")
+                        "(lpjax/quant/recipes/variants.py).")
   if config.quant.residuals not in ("", "high_precision", "quantized"):
     problems.append("quant.residuals must be '', 'high_precision' or 'quantized'.")
   if config.quant.policy not in ("default", "pure"):

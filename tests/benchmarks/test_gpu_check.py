@@ -214,7 +214,7 @@ def test_stage_f_on_a_gpu_compares_recipes_and_finds_the_largest_microbatch(monk
 
 
 def test_stage_e_traces_the_xla_quantizers_when_asked():
-  from lpjax.quant import _quantize
+  from lpjax.quant.codec import qarray as _quantize
   before = os.environ.get("LPJAX_PALLAS_AUTO")
   with gemm.quantizers("xla"):
     assert not _quantize._auto_uses_kernels()  # even on a GPU
@@ -226,7 +226,7 @@ def kernels_as_on_a_gpu(monkeypatch):
   """impl="auto" and interpret=None as they resolve on a GPU, so a step traced on this CPU holds
   the Triton kernels that stages e and f run there."""
   from lpjax.pallas import _support
-  from lpjax.quant import _quantize
+  from lpjax.quant.codec import qarray as _quantize
   monkeypatch.setattr(_support, "on_gpu", lambda: True)
   monkeypatch.setattr(_quantize, "_auto_uses_kernels", lambda: True)
 

@@ -13,9 +13,9 @@ import lpjax.nn
 import lpjax.nn._layers
 from lpjax.nn import QConv, QDense, QEinsum, apply_policy
 from lpjax.quant import recipes
-from lpjax.quant._conv import conv_general_dilated
-from lpjax.quant._einsum import einsum
-from lpjax.quant._gemm import dot_general
+from lpjax.quant.gemm.conv import conv_general_dilated
+from lpjax.quant.gemm.einsum import einsum
+from lpjax.quant.gemm.dot_general import dot_general
 from lpjax.quant import QuantPolicy
 
 DN = (((1,), (0,)), ((), ()))

@@ -211,7 +211,7 @@ def _value_and_grads(recipe, x, w, key=None):
 
 
 def test_recipe_option_selects_the_passes_with_two_fp4_operands():
-  from lpjax.quant import _gemm_kernel as gk
+  from lpjax.quant.gemm import kernel_dispatch as gk
   use = lambda r: [gk.use_kernel(r, g) for g in ("fwd", "dgrad", "wgrad")]
   assert use(_with("mxfp4", gemm_impl="pallas")) == [True, True, True]
   assert use(_with("nvfp4", gemm_impl="pallas")) == [True, True, True]  # W's 16x16 tiles pair

@@ -10,9 +10,9 @@ import pytest
 
 from lpjax.pallas import _plan as plan
 from lpjax.pallas import _tile_codec as tc
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _packing as packing
-from lpjax.quant import _scales as sc
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.formats import packing
+from lpjax.quant.codec import scales_exact as sc
 
 
 def _f32_bits(values):

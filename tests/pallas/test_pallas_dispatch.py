@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from pallas_data import ON_GPU, assert_same_bits, assert_same_qarray, special_data  # noqa: E402
 
 from lpjax import pallas, quant  # noqa: E402
-Q = importlib.import_module("lpjax.quant._quantize")  # the module (the package re-exports names)
+from lpjax.quant import backends  # noqa: E402
+Q = importlib.import_module("lpjax.quant.codec.qarray")  # the module (the package re-exports names)
 X = jnp.asarray(special_data((8, 64), seed=3))
 
 
@@ -34,8 +35,8 @@ class _Spy:
 
 @pytest.fixture
 def spy(monkeypatch):
-  spy = _Spy(Q._BACKENDS["pallas"])
-  monkeypatch.setitem(Q._BACKENDS, "pallas", spy)
+  spy = _Spy(backends.KERNELS["pallas"])
+  monkeypatch.setitem(backends.KERNELS, "pallas", spy)
   return spy
 
 

@@ -18,7 +18,7 @@ from pallas_data import (FORMATS, MX, ROUNDINGS, assert_same_bits, assert_same_q
                          key_kw, needs_gpu_unless, special_data)
 
 from lpjax import pallas, quant  # noqa: E402
-from lpjax.quant import _operand as operand  # noqa: E402
+from lpjax.quant.gemm import operand  # noqa: E402
 
 SHAPE = (16, 64)  # 16 rows (the last six with NaN/Inf/zeros/subnormals/ties/tiny), 2 MX blocks
 X = special_data(SHAPE, seed=1)

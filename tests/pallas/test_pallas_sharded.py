@@ -13,8 +13,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lpjax import quant
-from lpjax.quant import _quantize as Q
-from lpjax.quant._gemm import dot_general
+from lpjax.quant.codec import qarray as Q
+from lpjax.quant.gemm.dot_general import dot_general
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
@@ -74,7 +74,7 @@ def test_auto_gemm_operands_use_the_kernels_per_shard(monkeypatch):
   """impl="auto" as on 8 GPUs: a GEMM's operand quantizers (RHT, SR pre-scale, rounding) run the
   kernels on each shard with the XLA path's bits; the GEMMs then agree to float rounding (the
   partitioner may sum partial products in another order around the kernels' outputs)."""
-  from lpjax.quant import _operand as opq
+  from lpjax.quant.gemm import operand as opq
   from lpjax.quant import recipes
 
   x = put(jax.random.normal(jax.random.key(5), (64, 128)), P("data"))

@@ -19,10 +19,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy_oracle as O  # noqa: E402
 import nvfp4_scheme_oracle as S  # noqa: E402
 
-from lpjax.quant import _ssp as ssp  # noqa: E402
-from lpjax.quant._hadamard import hadamard  # noqa: E402
-from lpjax.quant._quantize import random_bits  # noqa: E402
-from lpjax.quant._gemm_recipe import REUSE_FWD  # noqa: E402
+from lpjax.quant.schemes import ssp  # noqa: E402
+from lpjax.quant.schemes.hadamard import hadamard  # noqa: E402
+from lpjax.quant.codec.qarray import random_bits  # noqa: E402
+from lpjax.quant.recipes.gemm_recipe import REUSE_FWD  # noqa: E402
 
 GEMM_ID = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 

@@ -1,4 +1,4 @@
-"""numpy re-derivations of the NVFP4 schemes of lpjax.quant._nvfp4_schemes (Four over Six, MS-EDEN).
+"""numpy re-derivations of the NVFP4 schemes of lpjax.quant.schemes.nvfp4 (Four over Six, MS-EDEN).
 
 Independent of the code under test where it matters: e2m1 rounding searches the grid (no step
 arithmetic), E4M3 conversion and neighbours come from ml_dtypes' value table. The order of the
@@ -12,7 +12,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from lpjax.quant import _nvfp4_schemes as schemes
+from lpjax.quant.schemes import nvfp4 as schemes
 
 F32 = np.float32
 GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], F32)

@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemm_reference import _assert_close, _c, ref_operand  # noqa: E402  (the GEMM operand reference)
 
 from lpjax.quant import recipes  # noqa: E402
-from lpjax.quant._conv import conv_general_dilated  # noqa: E402
-from lpjax.quant._quantize import fake_quant  # noqa: E402
-from lpjax.quant._gemm_recipe import GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant.gemm.conv import conv_general_dilated  # noqa: E402
+from lpjax.quant.codec.qarray import fake_quant  # noqa: E402
+from lpjax.quant.recipes.gemm_recipe import GemmRecipe, OperandQuant  # noqa: E402
 
 NHWC = ("NHWC", "HWIO", "NHWC")
 

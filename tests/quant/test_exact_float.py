@@ -1,12 +1,12 @@
-"""`_exact_float` against the integer reference (`_fp32_bits.mul` / `recip`) and numpy, bit for bit."""
+"""`exact_float` against the integer reference (`fp32_bits.mul` / `recip`) and numpy, bit for bit."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.quant import _exact_float as xf
-from lpjax.quant import _fp32_bits as fb
+from lpjax.quant.numerics import exact_float as xf
+from lpjax.quant.numerics import fp32_bits as fb
 
 
 def _random_bits(rng, n, biased_lo=0, biased_hi=254):
@@ -73,7 +73,7 @@ def test_short_normal_first_operands_take_the_short_product():
   """a_is_short_normal (e4m3 scales times subnormal-range or huge b): same bits as `fb.mul`."""
   rng = np.random.default_rng(3)
   codes = np.arange(256, dtype=np.uint8)
-  from lpjax.quant import _scales as sc
+  from lpjax.quant.codec import scales_exact as sc
   a = np.asarray(sc.decode_bits(jnp.asarray(codes), "e4m3"))  # every e4m3 value, 0 and +-480
   a = np.tile(a, 800)
   b = _random_bits(rng, a.size, 0, 254)
@@ -121,8 +121,8 @@ def _tail_amax_t_bits(rng):
 
 
 def test_the_nvfp4_exact_tail_equals_the_integer_reference_for_every_scale_byte():
-  from lpjax.quant import _fast_scales as fs
-  from lpjax.quant import _scales as sc
+  from lpjax.quant.codec import scales_fast as fs
+  from lpjax.quant.codec import scales_exact as sc
   s_b = jnp.arange(256, dtype=jnp.uint32)  # every ue4m3 byte (the NaN code and signed ones too)
 
   def both(amax_t):

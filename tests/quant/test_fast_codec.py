@@ -1,4 +1,4 @@
-"""The fast element path (lpjax/quant/_fast_codec.py) on each edge its exactness argument names.
+"""The fast element path (lpjax/quant/codec/fast_elements.py) on each edge its exactness argument names.
 
 Each case states the expected bits by hand, then checks that the fast path and the integer
 reference (`quant.reference_arithmetic`) agree bit for bit on codes, scales and values. The whole
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lpjax import quant
-from lpjax.quant import _fast_codec as fast
+from lpjax.quant.codec import fast_elements as fast
 
 F32 = np.float32
 KEY = jax.random.key(7)
@@ -186,12 +186,12 @@ def test_nvfp4_given_infinite_or_nan_tensor_amax_matches_the_reference():
 
 @pytest.mark.parametrize("element", ["e2m1", "e2m3", "e4m3", "e5m2"])
 def test_rceil_exponent_from_thresholds_equals_the_integer_product(element):
-  """The fast rceil k (two host thresholds, then a shift of the bits) against `_scales`' integer
+  """The fast rceil k (two host thresholds, then a shift of the bits) against `scales_exact`' integer
   product and against numpy (float64 product, one rounding to float32 with gradual underflow), on
   a stride through every float32 amax and on windows around each threshold and binade."""
-  from lpjax.quant import _fast_scales as fast_scales
-  from lpjax.quant import _formats as formats
-  from lpjax.quant import _scales as scales
+  from lpjax.quant.codec import scales_fast as fast_scales
+  from lpjax.quant.formats import specs as formats
+  from lpjax.quant.codec import scales_exact as scales
   el = formats.ELEMENT_FORMATS[element]
   f126, f125 = fast_scales._rceil_bounds(el.max_value)
   windows = [np.arange(f - 600, f + 600) for f in (f126, f125, f125 + (1 << 23), f125 + (40 << 23),
@@ -269,7 +269,7 @@ def test_nvfp4_decode_of_every_scale_byte_matches_the_reference(amax_t):
   code 0x7F included, decodes every code as the integer reference does, for tensors whose tail
   was float32 per block before (amax_t >= 2**-100) and for those that took the exact routines.
   (Bytes with the sign bit set are no ue4m3 scale; the paths differ on them, as they did before.)"""
-  from lpjax.quant import _codec as codec
+  from lpjax.quant.codec import group_codec as codec
   fmt = quant.get_format("nvfp4")
   scales = jnp.arange(128, dtype=jnp.uint32).reshape(128, 1)
   codes = jnp.tile(jnp.arange(16, dtype=jnp.uint32), (128, 1))

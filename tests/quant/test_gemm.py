@@ -14,11 +14,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, os.path.dirname(__file__))
 from gemm_reference import _assert_close, ref_gemms, ref_rotate, ref_signs  # noqa: E402
 
-from lpjax.quant import _operand as opq  # noqa: E402
+from lpjax.quant.gemm import operand as opq  # noqa: E402
 from lpjax.quant import recipes  # noqa: E402
-from lpjax.quant._einsum import einsum  # noqa: E402
-from lpjax.quant._gemm import dot_general, operand_stats  # noqa: E402
-from lpjax.quant._gemm_recipe import GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant.gemm.einsum import einsum  # noqa: E402
+from lpjax.quant.gemm.dot_general import dot_general, operand_stats  # noqa: E402
+from lpjax.quant.recipes.gemm_recipe import GemmRecipe, OperandQuant  # noqa: E402
 
 DN2 = (((1,), (0,)), ((), ()))
 # Shapes chosen so that every RHT pads (M=48, N=80 are not multiples of 32/64) and tiles fit (16).
@@ -141,7 +141,7 @@ def test_16x16_weight_tiles_quantize_transpose_invariantly():
   w = _normal(8, (K, N))
   key = jax.random.key(0)
   recipe = recipes.get("nvfp4")
-  from lpjax.quant import _gemm as gemm
+  from lpjax.quant.gemm import dot_general as gemm
 
   axes = {}
 

@@ -14,12 +14,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from nvfp4_scheme_oracle import F32, np_four_over_six, np_ms_eden  # noqa: E402
 
-from lpjax.quant import _nvfp4_schemes as schemes
-from lpjax.quant import _operand as opq
+from lpjax.quant.schemes import nvfp4 as schemes
+from lpjax.quant.gemm import operand as opq
 from lpjax.quant import dequantize, quantize, recipes
-from lpjax.quant._gemm import dot_general
-from lpjax.quant._gemm_recipe import GemmQuant, GemmRecipe, OperandQuant
-from lpjax.quant._hadamard import hadamard
+from lpjax.quant.gemm.dot_general import dot_general
+from lpjax.quant.recipes.gemm_recipe import GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant.schemes.hadamard import hadamard
 
 def sample(shape, seed):
   """Gaussian rows with outliers, an all-zero block, exact grid ties and a huge range of scales."""

@@ -19,9 +19,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import nvfp4_scheme_oracle as S  # noqa: E402
 
 from lpjax.quant import recipes  # noqa: E402
-from lpjax.quant._gemm import dot_general  # noqa: E402
-from lpjax.quant._gemm_recipe import GemmQuant, GemmRecipe, OperandQuant  # noqa: E402
-from lpjax.quant._quest import quest  # noqa: E402
+from lpjax.quant.gemm.dot_general import dot_general  # noqa: E402
+from lpjax.quant.recipes.gemm_recipe import GemmQuant, GemmRecipe, OperandQuant  # noqa: E402
+from lpjax.quant.schemes.quest import quest  # noqa: E402
 
 F32 = np.float32
 
@@ -86,7 +86,7 @@ def test_quartet_gradient_vanishes_outside_the_trust_mask_in_the_rotated_domain(
   dims = (((1,), (0,)), ((), ()))
   dx = jax.jit(jax.grad(lambda x, k: jnp.sum(dot_general(x, w, dims, "quartet", key=k) ** 2)))(
       jnp.asarray(x), jax.random.key(2))
-  from lpjax.quant._hadamard import hadamard
+  from lpjax.quant.schemes.hadamard import hadamard
   rotated = hadamard(jnp.asarray(x), 32)
   mask = np.asarray(quest(rotated, 32)[1])
   g = np.asarray(hadamard(dx, 32))

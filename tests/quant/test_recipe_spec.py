@@ -7,10 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.quant import _formats as formats, _operand as operand, _recipe_variants as recipe_spec, recipes
-from lpjax.quant._gemm_recipe import GEMMS, GemmQuant, OperandQuant
-from lpjax.quant._quantize import dequantize, quantize
-from lpjax.quant._recipe_variants import parse
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.gemm import operand
+from lpjax.quant.recipes import variants as recipe_spec
+from lpjax.quant import recipes
+from lpjax.quant.recipes.gemm_recipe import GEMMS, GemmQuant, OperandQuant
+from lpjax.quant.codec.qarray import dequantize, quantize
+from lpjax.quant.recipes.variants import parse
 from lpjax.train import config as cfg_lib
 
 QUANTIZED = ("fp8", "mxfp8", "mxfp4", "mxfp4_bwd", "nvfp4", "mxfp4_e4m3scale", "mxfp4_naive")
@@ -266,7 +269,7 @@ def test_fixed_scale_exponent_validation(kwargs):
 def test_variants_train_through_a_quantized_gemm(spec):
   x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   w = jax.random.normal(jax.random.key(1), (64, 32)) * 0.5
-  from lpjax.quant._einsum import einsum
+  from lpjax.quant.gemm.einsum import einsum
 
   loss = lambda w: einsum("bsd,df->bsf", x, w, recipe=spec, key=jax.random.key(2)).sum()
   g = jax.jit(jax.grad(loss))(w)

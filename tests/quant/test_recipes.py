@@ -7,14 +7,14 @@ import re
 import jax.numpy as jnp
 import pytest
 
-from lpjax.quant import _conv as conv
-from lpjax.quant import _gemm as gemm
-from lpjax.quant import _gemm_recipe as recipe
-from lpjax.quant import _operand as operand
-from lpjax.quant import _policy as policy
-from lpjax.quant import _ssp as ssp
+from lpjax.quant.gemm import conv
+from lpjax.quant.gemm import dot_general as gemm
+from lpjax.quant.recipes import gemm_recipe as recipe
+from lpjax.quant.gemm import operand
+from lpjax.quant import policy
+from lpjax.quant.schemes import ssp
 from lpjax.quant import recipes
-from lpjax.quant._gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 
 ALL_GEMMS = ("fwd", "dgrad", "wgrad")
 

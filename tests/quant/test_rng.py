@@ -1,4 +1,4 @@
-"""The key derivation of the quantized GEMMs (lpjax.quant._rng.fold_in) and the RHT signs, against
+"""The key derivation of the quantized GEMMs (lpjax.quant.numerics.rng.fold_in) and the RHT signs, against
 the numpy re-derivation of docs/numerics.md §7 (gemm_reference.py), and their independence."""
 
 import os
@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemm_reference import ref_fold_in, ref_key  # noqa: E402
 
 from lpjax import quant  # noqa: E402
-from lpjax.quant import _operand as opq, _rng  # noqa: E402
+from lpjax.quant.gemm import operand as opq  # noqa: E402
+from lpjax.quant.numerics import rng as _rng
 
 
 @pytest.mark.parametrize("key", [jax.random.key(0), jax.random.key(12345), jax.random.PRNGKey(7),

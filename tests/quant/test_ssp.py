@@ -1,4 +1,4 @@
-"""The Stable-SPAM paper's fake quantizers (lpjax.quant._ssp) against loop-by-group numpy references
+"""The Stable-SPAM paper's fake quantizers (lpjax.quant.schemes.ssp) against loop-by-group numpy references
 written from docs/numerics.md §7 and the paper's reference code."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lpjax.quant import _ssp as ssp
+from lpjax.quant.schemes import ssp
 
 
 def _rne(v):

@@ -263,7 +263,7 @@ def test_hadamard_bits_do_not_depend_on_levels_per_pass(monkeypatch, passes, blo
   """Grouping butterfly levels into passes (one fusion each) computes the same additions in the
   same order: bit-identical to the levels one at a time, for any grouping, along the last axis
   and along an inner axis (transformed in place, rows of contiguous elements)."""
-  from lpjax.quant import _hadamard
+  from lpjax.quant.schemes import hadamard as _hadamard
   monkeypatch.setattr(_hadamard, "_LEVELS_PER_PASS", passes)
   monkeypatch.setattr(_hadamard, "_LEVELS_PER_PASS_INNER", passes)
   rng = np.random.default_rng(block)

@@ -1,7 +1,7 @@
 """Every repository file path that lpjax's source quotes (in an error message, a docstring or a
 comment) exists: a message that sends the user to a file must not send them nowhere after a
 module moves (issue 40: errors cited `lpjax/quant/recipe_spec.py`, gone since it became
-`_recipe_variants.py`)."""
+`recipes/variants.py`)."""
 
 import ast
 import os
@@ -32,10 +32,10 @@ def _quoted_paths(text):
 
 
 def test_the_scanner_finds_paths_in_messages_and_docstrings():
-  text = ('raise ValueError("see lpjax/quant/_recipe_variants.py and docs/numerics.md §5")\n'
+  text = ('raise ValueError("see lpjax/quant/recipes/variants.py and docs/numerics.md §5")\n'
           '"""Rules: train/_sharding.py; not a path: a/b.py or lpjax.quant."""')
   assert [p for _, p in _quoted_paths(text)] == [
-      "lpjax/quant/_recipe_variants.py", "docs/numerics.md", "lpjax/train/_sharding.py"]
+      "lpjax/quant/recipes/variants.py", "docs/numerics.md", "lpjax/train/_sharding.py"]
 
 
 def test_every_quoted_repository_path_exists():

@@ -1,11 +1,11 @@
 """The fast element path: float32 arithmetic that gives the exact integer codec's bits on every input.
 
-The exact codec (`_codec.py` with `_fp32_bits.py`) emulates every per-element step with integer
+The exact codec (`group_codec.py` with `fp32_bits.py`) emulates every per-element step with integer
 operations, ~90 (MXFP4) to ~160 (NVFP4) of them, because XLA:CPU flushes float32 subnormals to
 zero. This module does the per-element work with a few dozen vectorizable float32 operations, and is
 bit-identical to the exact codec. Per-group values are computed once per block: e8m0 exponents
 with the integer routines (a few operations), NVFP4's two-level scales in float32 too
-(`_fast_scales.py`, which falls back to the integer routines for tensors it cannot prove exact).
+(`scales_fast.py`, which falls back to the integer routines for tensors it cannot prove exact).
 
 Why each float operation is exact (IEEE float32, round-to-nearest-even, on a backend that may flush
 subnormal inputs and results to zero, e.g. XLA:CPU, or may not, e.g. GPUs):
@@ -14,7 +14,7 @@ subnormal inputs and results to zero, e.g. XLA:CPU, or may not, e.g. GPUs):
    <= 127.
 2. `v = fl32(|x| * S)` for the group's encode multiplier S (2**-k for e8m0, S_enc_b for NVFP4,
    max / amax for fp32 scales). A float product of two normal numbers is correctly rounded whenever
-   the result is normal, and that is what the exact codec computes (`_fp32_bits.mul_by_scale`, or
+   the result is normal, and that is what the exact codec computes (`fp32_bits.mul_by_scale`, or
    the exact x * 2**-k for e8m0, which is then representable). It is one multiply: XLA rewrites
    a chain (a * C1) * C2 of compile-time constants as a * (C1 * C2), which rounds differently.
    Three cases need care:
@@ -65,7 +65,7 @@ import contextvars
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _fp32_bits as fb
+from lpjax.quant.numerics import fp32_bits as fb
 
 U32 = jnp.uint32
 I32 = jnp.int32

@@ -4,11 +4,12 @@ Works on the grouped view of `layout.GroupLayout` (a reduction over `reduce_axes
 gives the per-group values). With fast_path=False every step is exact integer arithmetic on
 float32 bits (`fp32_bits`), except for the asymmetric uint4 format (see `_encode_uint4`); with
 fast_path=True the per-element work (and NVFP4's block scales) runs in float32 with the same bits
-(`_fast_codec`, `_fast_scales`).
+(`fast_elements`, `scales_fast`).
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from lpjax.quant import _formats as formats, _fp32_bits as fp32_bits
+  >>> from lpjax.quant.formats import specs as formats
+  >>> from lpjax.quant.numerics import fp32_bits
   >>> fmt = formats.get_format("mxfp4")
   >>> x = fp32_bits.to_bits(jnp.array([[1.0, -3.0, 0.25, 6.0]]))
   >>> enc = encode(x, fmt, (-1,), rounding="nearest_even", scale_mode="floor")
@@ -25,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _fast_codec as fast
-from lpjax.quant import _fast_scales as fast_scales
-from lpjax.quant import _formats as formats
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _scales as sc
-from lpjax.quant._materialize import materialize, opaque_zero as _opaque_zero
+from lpjax.quant.codec import fast_elements as fast
+from lpjax.quant.codec import scales_fast as fast_scales
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.codec import scales_exact as sc
+from lpjax.quant.numerics.materialize import materialize, opaque_zero as _opaque_zero
 
 U32 = jnp.uint32
 
@@ -51,7 +52,7 @@ def _bad_group_masks(bad):
 
 def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, random_bits,
                    opaque_zero, want_values, power_of_two=False):
-  """The fast element path (`_fast_codec`): (codes, dequantized value bits or None).
+  """The fast element path (`fast_elements`): (codes, dequantized value bits or None).
 
   Bad groups (NaN / Inf) are masked with per-group AND / OR masks rather than a per-element
   select, which LLVM turns into a branch that stops XLA:CPU's loop from vectorizing.
@@ -148,8 +149,8 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
            tensor_amax_bits=None, fast_path=False, want_values=False) -> Encoded:
   """Quantizes grouped float32 bits `x_bits` per docs/numerics.md §4-6 and docs/quant.md.
 
-  fast_path: run the per-element work in float32 (`_fast_codec`; same bits, the caller checks
-  `_fast_codec.use_fast_path`). want_values: also return the dequantized values (fast path only).
+  fast_path: run the per-element work in float32 (`fast_elements`; same bits, the caller checks
+  `fast_elements.use_fast_path`). want_values: also return the dequantized values (fast path only).
   """
   element = fmt.element
   want_values = want_values and fast.decodes(fmt)
@@ -163,7 +164,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
 
   if fmt.scale == "e8m0":
     if fmt.fixed_scale_exponent is None:
-      if fast_path and scale_mode == "rceil":  # same k from two thresholds (_fast_scales)
+      if fast_path and scale_mode == "rceil":  # same k from two thresholds (scales_fast)
         k = fast_scales.rceil_exponent(amax, element)
       else:
         k = sc.e8m0_exponent(amax, element, scale_mode)
@@ -219,7 +220,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
 
 
 def _fast_decode(codes, m_bits, element, opaque_zero, power_of_two=False):
-  """fl32(value(code) * M) bits with the fast path's multiply (`_fast_codec.apply_multiplier`)."""
+  """fl32(value(code) * M) bits with the fast path's multiply (`fast_elements.apply_multiplier`)."""
   value_bits = sc.decode_bits(codes, element.name)
   (m_bits,) = materialize((m_bits,), opaque_zero)
   m_c, shifted = fast.decode_factors(m_bits)
@@ -232,7 +233,7 @@ def _fast_decode(codes, m_bits, element, opaque_zero, power_of_two=False):
 def decode(codes, scales, fmt, *, tensor_amax_bits=None, zeros=None, fast_path=False):
   """Exact float32 bits of the dequantized grouped values (`scales` keepdims, as from encode).
 
-  fast_path: multiply in float32 (`_fast_codec`, same bits) for float elements.
+  fast_path: multiply in float32 (`fast_elements`, same bits) for float elements.
   """
   element = fmt.element
   fast_path = fast_path and fast.decodes(fmt)

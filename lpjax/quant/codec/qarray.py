@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 import os
 from typing import Any
@@ -26,13 +25,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _codec as codec
-from lpjax.quant import _fast_codec as fast
-from lpjax.quant import _formats as formats
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant._layout import GroupLayout
-from lpjax.quant._packing import pack_fp4, unpack_fp4
-from lpjax.quant._rng import random_bits as _random_bits
+from lpjax.quant import backends
+from lpjax.quant.codec import group_codec as codec
+from lpjax.quant.codec import fast_elements as fast
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.formats.layout import GroupLayout
+from lpjax.quant.formats.packing import pack_fp4, unpack_fp4
+from lpjax.quant.numerics.rng import random_bits as _random_bits
 
 
 @jax.tree_util.register_dataclass
@@ -60,16 +60,11 @@ class QArray:
     return GroupLayout.make(self.fmt, self.shape, self.axis)
 
 
-# Implementations (docs/pallas.md): "xla" is this module; lpjax.pallas registers "pallas" on import.
+# Implementations (docs/pallas.md): "xla" is this module; "pallas" is the kernel backend registered
+# in `lpjax.quant.backends.KERNELS` (an object with `unsupported(fmt) -> str | None`, why it cannot
+# handle fmt, `check_supported(fmt)`, and `quantize` / `dequantize` / `fake_quant` taking this
+# module's arguments).
 IMPLS = ("auto", "xla", "pallas")
-_BACKENDS: dict[str, Any] = {}
-
-
-def register_backend(name: str, backend) -> None:
-  """Registers a kernel implementation: an object with `unsupported(fmt) -> str | None` (why it
-  cannot handle fmt, or None), `check_supported(fmt)` (raises NotImplementedError) and
-  `quantize` / `dequantize` / `fake_quant` taking this module's arguments."""
-  _BACKENDS[name] = backend
 
 
 def _check_impl(impl):
@@ -92,9 +87,7 @@ def _kernel_backend(impl, fmt):
   _check_impl(impl)
   if impl == "xla" or (impl == "auto" and not _auto_uses_kernels()):
     return None
-  if "pallas" not in _BACKENDS:
-    importlib.import_module("lpjax.pallas")  # registers itself; quant has no import-time dependency
-  backend = _BACKENDS["pallas"]
+  backend = backends.KERNELS["pallas"]  # loads its provider on first use (lpjax.quant.backends)
   if impl == "auto":
     return None if backend.unsupported(fmt) else backend
   backend.check_supported(fmt)
@@ -302,6 +295,6 @@ def fake_quant(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
 
 
 def random_bits(key, shape) -> jax.Array:
-  """The uint32 bits stochastic rounding uses for an array of `shape` (see lpjax.quant._rng)."""
+  """The uint32 bits stochastic rounding uses for an array of `shape` (see lpjax.quant.numerics.rng)."""
   return _random_bits(key, shape)
 

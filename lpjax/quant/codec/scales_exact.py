@@ -5,7 +5,8 @@ subnormal amaxes and scales give the same bytes on CPU (which flushes subnormals
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from lpjax.quant import _formats as formats, _fp32_bits as fp32_bits
+  >>> from lpjax.quant.formats import specs as formats
+  >>> from lpjax.quant.numerics import fp32_bits
   >>> amax = fp32_bits.to_bits(jnp.float32(6.0))
   >>> int(e8m0_exponent(amax, formats.ELEMENT_FORMATS["e2m1"], "floor"))  # 6 = 1.5 * 2**2; k = 2 - 2
   0
@@ -16,9 +17,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _formats as formats
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _tables as tables
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.formats import tables
 
 E8M0_NAN = 0xFF
 UE4M3_NAN = 0x7F

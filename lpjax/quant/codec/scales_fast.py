@@ -1,23 +1,23 @@
-"""Block scales with the exact bits of `_scales`, at a fraction of its cost: NVFP4's two-level scales
+"""Block scales with the exact bits of `scales_exact`, at a fraction of its cost: NVFP4's two-level scales
 (docs/numerics.md §5) in float32, and the e8m0 "rceil" exponent (§4) from two thresholds.
 
 NVFP4.
 
-`_scales.nvfp4_block_scales` computes s_b, S_enc_b and the decode multiplier with integer
+`scales_exact.nvfp4_block_scales` computes s_b, S_enc_b and the decode multiplier with integer
 emulation of every IEEE operation (~300 integer ops per block), because a tensor of tiny values
 can make the intermediate products subnormal. Here:
 
-- The per-tensor values are float32 too, each computed once per tensor (`_materialize`: not copied
+- The per-tensor values are float32 too, each computed once per tensor (`materialize`: not copied
   into every per-block fusion, and opaque to XLA's reassociation of float expressions):
   S_enc = min(fl32(2688 / amax_t), FLT_MAX) is one IEEE division whenever amax_t is normal (its
   result is at least 2688 / FLT_MAX, normal, or overflows to inf, clamped); a subnormal amax_t
   gives inf whether flushed to 0 or not, clamped to FLT_MAX as the exact quotient is. A given
-  tensor_amax of inf or NaN is read as `_scales` reads its bits: a number with exponent 128.
+  tensor_amax of inf or NaN is read as `scales_exact` reads its bits: a number with exponent 128.
   c = fl32(S_enc * fl32(1/6)) is a product of normal numbers with a normal result (>= 2**-120).
   fl32(1 / S_enc) is formed in float32 where it is normal (in the float tail below) and with the
   integer routine in the exact tail, where it can be subnormal.
 - p = fl32(amax_b * c) and s_b, its e4m3 round-half-even saturated at 448, are float32 for every
-  tensor: `_fast_codec.scaled_magnitude` then `round_magnitude`. c is always normal, which is all
+  tensor: `fast_elements.scaled_magnitude` then `round_magnitude`. c is always normal, which is all
   `scaled_magnitude` needs to be exact, subnormal amax_b included; a product below 2**-126
   (flushed or not) rounds to s_b = 0 either way.
 - The tail t, S_enc_b and the multiplier is float32 for every tensor whose amax_t is 0 or at least
@@ -38,7 +38,7 @@ can make the intermediate products subnormal. Here:
 
 rceil. k = E(fl32(amax * c)) + (1 if that product is not a power of two), c = fl32(1 / max), i.e.
 k = ceil(log2(r)) of the correctly rounded (gradual-underflow) product r, clamped to [-127, 127].
-`_scales.e8m0_exponent` multiplies with integer emulation (~200 operations per block). k is a
+`scales_exact.e8m0_exponent` multiplies with integer emulation (~200 operations per block). k is a
 non-decreasing step function of amax, so it is fixed by the bits F_j of the smallest amax with
 k >= j: k >= j exactly when r > 2**(j-1), i.e. when amax * c exceeds 2**(j-1) plus half the float32
 spacing above it (a tie rounds down to the even 2**(j-1)). For j >= -125 that bound is
@@ -58,12 +58,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _exact_float as xf
-from lpjax.quant import _fast_codec as fast
-from lpjax.quant import _formats as formats
-from lpjax.quant import _fp32_bits as fb
-from lpjax.quant import _scales as sc
-from lpjax.quant._materialize import materialize, opaque_zero
+from lpjax.quant.numerics import exact_float as xf
+from lpjax.quant.codec import fast_elements as fast
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.codec import scales_exact as sc
+from lpjax.quant.numerics.materialize import materialize, opaque_zero
 
 U32 = jnp.uint32
 _E4M3 = formats.ELEMENT_FORMATS["e4m3"]
@@ -93,7 +93,7 @@ def _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale):
 
 
 def encode_scale(amax_t_bits, use_tensor_scale: bool):
-  """S_enc bits, as `_scales.nvfp4_encode_scale` computes them: min(fl32(2688 / amax_t), FLT_MAX),
+  """S_enc bits, as `scales_exact.nvfp4_encode_scale` computes them: min(fl32(2688 / amax_t), FLT_MAX),
   1 when amax_t == 0, computed once per tensor (module docstring)."""
   one = U32(sc.f32_const_bits(1.0))
   if not use_tensor_scale:
@@ -117,8 +117,8 @@ def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
 
 
 def _exact_decode_multiplier(s_b, amax_t_bits):
-  """`_scales.nvfp4_decode_scale` (with a tensor scale) for any amax_t, the same bits:
-  h = fl32(s_b * amax_t) then fl32(h * fl32(1/2688)), both by `_exact_float` (subnormal results
+  """`scales_exact.nvfp4_decode_scale` (with a tensor scale) for any amax_t, the same bits:
+  h = fl32(s_b * amax_t) then fl32(h * fl32(1/2688)), both by `exact_float` (subnormal results
   included); amax_t >= 2**64 is used as amax_t * 2**-64 and the result scaled back; s_b itself
   when amax_t == 0."""
   s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
@@ -133,9 +133,9 @@ def _exact_decode_multiplier(s_b, amax_t_bits):
 
 
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
-  """S_enc_b and the decode multiplier exactly as `_scales` computes them, for any amax_t: the
-  products and 1 / S_enc (which can be subnormal here) by `_exact_float`, 1 / t by
-  `_fp32_bits.recip_normal` as `_scales.nvfp4_block_encode_scale` does. Compiled into every
+  """S_enc_b and the decode multiplier exactly as `scales_exact` computes them, for any amax_t: the
+  products and 1 / S_enc (which can be subnormal here) by `exact_float`, 1 / t by
+  `fp32_bits.recip_normal` as `scales_exact.nvfp4_block_encode_scale` does. Compiled into every
   NVFP4 quantizer (on the 256 entries of `_tail_tables`), so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
@@ -192,7 +192,7 @@ def _table_multiplier(s_b, amax_t_bits):
 
 
 def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
-  """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `_scales` computes them.
+  """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `scales_exact` computes them.
 
   s_enc_bits: from `encode_scale`. p and s_b are float32 for every tensor (c is always normal);
   t, S_enc_b and the multiplier are float32 when `in_range(amax_t)`, and otherwise looked up per
@@ -217,7 +217,7 @@ def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: boo
 
 
 def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
-  """Per-block decode multiplier bits from s_b bytes, as `_scales.nvfp4_decode_scale` computes it."""
+  """Per-block decode multiplier bits from s_b bytes, as `scales_exact.nvfp4_decode_scale` computes it."""
   def float_path(s_b, amax_t_bits):
     s_b_val = fb.from_bits(sc.decode_bits(s_b, "e4m3") & U32(fb.ABS_MASK))
     return _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale)
@@ -264,7 +264,7 @@ def _rceil_bounds(max_value: float) -> tuple[int, int]:
 
 
 def rceil_exponent(amax_bits, element):
-  """The e8m0 exponent k of the "rceil" scale mode, as `_scales.e8m0_exponent` computes it."""
+  """The e8m0 exponent k of the "rceil" scale mode, as `scales_exact.e8m0_exponent` computes it."""
   f126, f125 = _rceil_bounds(element.max_value)
   bits = amax_bits.astype(jnp.int32)  # absolute values: below 2**31
   k = jnp.int32(-125) + ((bits - jnp.int32(f125)) >> 23)

@@ -6,7 +6,7 @@ and maps per-group values to the public `scales` layout of docs/quant.md.
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from lpjax.quant import _formats as formats
+  >>> from lpjax.quant.formats import specs as formats
   >>> layout = GroupLayout.make(formats.get_format("mxfp4"), (3, 40), axis=-1)
   >>> layout.group(jnp.zeros((3, 40))).shape, layout.scale_shape
   ((3, 2, 32), (3, 2))
@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant._packing import _normalize_axis
+from lpjax.quant.formats.packing import normalize_axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +39,12 @@ class GroupLayout:
     ndim = len(shape)
     if fmt.granularity == "tensor":
       if ndim:
-        _normalize_axis(axis, ndim)
+        normalize_axis(axis, ndim)
       return cls("tensor", shape, ndim - 1 if ndim else 0, 0)
     if ndim == 0:
       raise ValueError(f"Format {fmt} scales blocks along an axis; got a scalar. Use a per-tensor "
                        "format (e.g. 'fp8_e4m3') or reshape to rank >= 1.")
-    axis = _normalize_axis(axis, ndim)
+    axis = normalize_axis(axis, ndim)
     if fmt.tile:
       if ndim < 2:
         raise ValueError(f"Format {fmt} tiles the last two axes; got shape {shape}.")

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 
-def _normalize_axis(axis: int, ndim: int) -> int:
+def normalize_axis(axis: int, ndim: int) -> int:
+  """`axis` of an array of rank `ndim` as a non-negative index; a ValueError when out of range."""
   if not -ndim <= axis < ndim:
     raise ValueError(f"axis {axis} is out of range for an array of rank {ndim}.")
   return axis % ndim
@@ -26,7 +27,7 @@ def pack_fp4(codes, axis: int = -1):
   codes = jnp.asarray(codes)
   if codes.ndim == 0:
     raise ValueError("pack_fp4 needs an array with at least one axis.")
-  axis = _normalize_axis(axis, codes.ndim)
+  axis = normalize_axis(axis, codes.ndim)
   codes = codes.astype(jnp.uint8) & 0xF
   n = codes.shape[axis]
   if n % 2:
@@ -48,7 +49,7 @@ def unpack_fp4(packed, n: int, axis: int = -1):
   packed = jnp.asarray(packed)
   if packed.dtype != jnp.uint8:
     raise TypeError(f"packed codes must be uint8, got {packed.dtype}.")
-  axis = _normalize_axis(axis, packed.ndim)
+  axis = normalize_axis(axis, packed.ndim)
   if not 0 <= n <= 2 * packed.shape[axis]:
     raise ValueError(f"n={n} does not fit {packed.shape[axis]} packed bytes along axis {axis}.")
   nibbles = jnp.stack([packed & 0xF, packed >> 4], axis=axis + 1)  # in place along any axis

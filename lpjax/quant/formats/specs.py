@@ -1,7 +1,7 @@
 """Element, scale and block formats: the definitions of docs/numerics.md §1-3 as data.
 
 Examples:
-  >>> from lpjax.quant import _formats as formats
+  >>> from lpjax.quant.formats import specs as formats
   >>> fmt = formats.get_format("mxfp4")
   >>> fmt.element.name, fmt.scale, fmt.block_size
   ('e2m1', 'e8m0', 32)

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from lpjax.quant import _formats as formats
+from lpjax.quant.formats import specs as formats
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""A `dot_general`'s operands brought to the canonical GEMM form of `lpjax.quant._gemm`.
+"""A `dot_general`'s operands brought to the canonical GEMM form of `lpjax.quant.gemm.dot_general`.
 
 Batch dims -> B, free dims -> M / N, contracting dims -> K, each group flattened in the order
 given; malformed dimension numbers get a ValueError that names them.

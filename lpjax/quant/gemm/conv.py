@@ -2,7 +2,7 @@
 
 A convolution is a GEMM whose contraction axis is (kernel window x input channels). Building the
 patch matrix explicitly (im2col: one strided slice of the padded, dilated input per kernel tap)
-and running the product through `lpjax.quant._gemm.dot_general` makes all three of the conv's
+and running the product through `lpjax.quant.gemm.dot_general.dot_general` makes all three of the conv's
 GEMMs follow the recipe exactly as a linear layer's do:
 
     fwd:   Y  = Q(P along taps x C) Q(W along taps x C)
@@ -36,7 +36,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant._gemm import dot_general, operand_stats
+from lpjax.quant.gemm.dot_general import dot_general, operand_stats
 
 
 def conv_padding(padding, in_spatial, window, strides, rhs_dilation, lhs_dilation):

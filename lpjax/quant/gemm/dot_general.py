@@ -8,7 +8,7 @@ group flattened in the order given), and the custom VJP runs
     dgrad: dX = Q(dY along N) Q(W along N)^T
     wgrad: dW = Q(X along M)^T Q(dY along M)
 
-with the operand quantizers of the recipe (`lpjax.quant._gemm_recipe`). Backward operands are quantized
+with the operand quantizers of the recipe (`lpjax.quant.recipes.gemm_recipe`). Backward operands are quantized
 again from the high-precision values (or from packed column-wise copies made in the forward pass,
 `residuals="quantized"`), never by transposing a row-wise quantized tensor (docs/numerics.md §7).
 Fake quantization emulates the low-precision GEMM: the dequantized operands are cast to the
@@ -16,8 +16,8 @@ recipe's `compute_dtype` and multiplied with float32 accumulation.
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from lpjax.quant._einsum import einsum
-  >>> from lpjax.quant._gemm import dot_general
+  >>> from lpjax.quant.gemm.einsum import einsum
+  >>> from lpjax.quant.gemm.dot_general import dot_general
   >>> x = jax.random.normal(jax.random.key(0), (2, 8, 64))
   >>> w = jax.random.normal(jax.random.key(1), (64, 32))
   >>> y = jax.jit(lambda x, w: dot_general(x, w, (((2,), (0,)), ((), ())), "mxfp4_naive"))(x, w)
@@ -37,13 +37,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _gemm_kernel as gk, _operand as opq, _weight_gather as wg
-from lpjax.quant._hadamard import hadamard
-from lpjax.quant._quest import quest
-from lpjax.quant._operand import LHS, RHS
+from lpjax.quant.gemm import kernel_dispatch as gk
+from lpjax.quant.gemm import operand as opq
+from lpjax.quant.gemm import weight_gather as wg
+from lpjax.quant.schemes.hadamard import hadamard
+from lpjax.quant.schemes.quest import quest
+from lpjax.quant.gemm.operand import LHS, RHS
 from lpjax.quant import recipes
-from lpjax.quant._gemm_canonical import canonical
-from lpjax.quant._gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
+from lpjax.quant.gemm.canonical import canonical
+from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
 
 
 def as_key(key):
@@ -82,7 +84,9 @@ def _mm(a, b, a_axis: int, b_axis: int, cfg: _Static):
                              preferred_element_type=pet)
 
 
-def _signs(key, recipe: GemmRecipe, gemm: str):
+def gemm_signs(key, recipe: GemmRecipe, gemm: str):
+  """(random Hadamard signs or None, Hadamard block or None) that `gemm` of `recipe` applies to
+  both its operands, from the layer's key (QuEST's forward: a fixed transform, no signs)."""
   block = getattr(recipe, gemm).hadamard_block
   if gemm == "fwd" and recipe.trust_masked:
     return None, block  # QuEST: a fixed Hadamard transform, no random signs (Quartet)
@@ -96,7 +100,7 @@ def _through_trust_mask(g, x, side: int, key, recipe: GemmRecipe):
   backward GEMMs multiplied the forward's Q(X) / Q(W)); it is zeroed where the forward clipped
   (the trust mask, recomputed from x), rotated back along K and cropped to x's K.
   """
-  signs, block = _signs(key, recipe, "fwd")
+  signs, block = gemm_signs(key, recipe, "fwd")
   op = recipe.fwd.operands()[side]
   xk, _ = _to_last(x, -1 if side == LHS else -2, True)  # X (M, K) / W^T (N, K)
   mask = quest(opq.rotate(xk, block, -1, signs), op.format.block_size)[1]
@@ -113,7 +117,7 @@ def _to_last(x, axis: int, work: bool):
 
   The transposed copy is the "column-wise" operand of TransformerEngine, and the layout in which
   stochastic rounding draws its bits. The quantizers and the RHT run as fast along an inner axis
-  (in place, lpjax.quant._layout), but the GEMMs do not: XLA:CPU's bf16 dot with both
+  (in place, lpjax.quant.formats.layout), but the GEMMs do not: XLA:CPU's bf16 dot with both
   contraction axes last measured 1.8 ms for the MLP's wgrad shape against 14 ms contracting the
   leading axes, more than the transposes cost. Untouched operands keep their layout.
   """
@@ -128,7 +132,7 @@ def _quantized(x, op, axes, weight: bool, recipe: GemmRecipe, *, pack: bool, **k
   Under `weight_sharding` (the trainer's FSDP step), an operand with logical axes `axes` (in x's
   layout) keeps its quantization on its own shards: an activation's rows stay split over the
   batch, and a weight (`weight`) is quantized on its shards and, unless packed as a residual,
-  gathered as codes and scales (`lpjax.quant._weight_gather`); a high-precision weight is
+  gathered as codes and scales (`lpjax.quant.gemm.weight_gather`); a high-precision weight is
   gathered in the compute dtype.
   """
   plain = lambda: (opq.pack(x, op, **kw) if (pack and op is not None) else
@@ -167,7 +171,7 @@ def _swapped(w_axes, moved: bool):
 def _fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None):
   """Operand `side` of the forward GEMM: (values or QArray, contraction axis)."""
   op = recipe.fwd.operands()[side]
-  signs, block = _signs(key, recipe, "fwd")
+  signs, block = gemm_signs(key, recipe, "fwd")
   x, axis = _to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs, block=block)
   axes, weight = _layout_axes(x, "fwd", side, w_axes, side == RHS and axis == -1)
@@ -189,7 +193,7 @@ def _operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *, pac
   elif op is None and recipe.trust_masked and (gemm, side) in (("dgrad", RHS), ("wgrad", LHS)):
     x, axis = _reuse(x, side, axis, key, recipe, w_axes=w_axes)  # QuEST: the rotated domain
     w_axes = None
-  signs, block = _signs(key, recipe, gemm)
+  signs, block = gemm_signs(key, recipe, gemm)
   before = axis % x.ndim
   x, axis = _to_last(x, axis, op is not None or bool(block))
   kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)
@@ -211,7 +215,7 @@ def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_a
   """The backward operand from a residual kept by `_residual` (QArray or high precision).
 
   A packed weight residual (kept on its shards) is gathered as codes before it is unpacked
-  (`pack`: not unpacked, for the FP4 GEMM kernel, `_gemm_kernel`).
+  (`pack`: not unpacked, for the FP4 GEMM kernel, `kernel_dispatch`).
   """
   op = getattr(recipe, gemm).operands()[side]
   if op == REUSE_FWD:
@@ -220,7 +224,7 @@ def _unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_a
       return _operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
     res = wg.pin_qarray(res, _swapped(w_axes, True), gathered=True)  # packed as W^T (N, K)
     x = opq.unpack(res, fwd_op, recipe.compute_dtype or res.dtype)
-    signs, block = _signs(key, recipe, gemm)
+    signs, block = gemm_signs(key, recipe, gemm)
     x, axis = _to_last(x, axis, bool(block))
     return opq.fake(x, None, axis=axis, key=None, signs=signs, block=block,
                     dtype=recipe.compute_dtype), axis
@@ -387,7 +391,7 @@ def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):
   recipe = recipes.get(recipe)
   key = as_key(key)
   lhs3, rhs3, _, _ = canonical(jnp.asarray(lhs), jnp.asarray(rhs), dimension_numbers)
-  signs, block = _signs(key, recipe, "fwd")
+  signs, block = gemm_signs(key, recipe, "fwd")
   out = {}
   for name, x, side, axis in (("lhs", lhs3, LHS, -1), ("rhs", rhs3, RHS, -2)):
     op = recipe.fwd.operands()[side]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lpjax.quant._gemm import dot_general, operand_stats
+from lpjax.quant.gemm.dot_general import dot_general, operand_stats
 
 
 def parse_einsum(subscripts: str, lhs_ndim: int, rhs_ndim: int):

@@ -1,4 +1,4 @@
-"""Which of a recipe's GEMMs run on the exact FP4 GEMM kernel, and the call into it (issue 39).
+"""Which of a recipe's GEMMs run on the exact FP4 GEMM kernel, and the call into it.
 
 `GemmRecipe.gemm_impl` chooses per recipe:
 
@@ -12,8 +12,8 @@ Eligible: both operands of the GEMM are plain block quantizers (not high precisi
 `scheme`, not `REUSE_FWD`) of FP4 formats that pair block for block (MXFP4 with MXFP4, NVFP4 1x16
 with NVFP4 1x16 or 16x16 tiles). Blocks run along every GEMM's contraction (docs/numerics.md §7),
 so that is every pass of such a recipe: the forward, and dgrad / wgrad where both backward
-operands are quantized. `lpjax.pallas` is loaded by name on the first kernel GEMM (the registry of
-`lpjax.quant._quantize`), never at import time.
+operands are quantized. The kernels are the "pallas" entry of `lpjax.quant.backends.KERNELS`,
+loaded on the first kernel GEMM, never at import time.
 
 Examples:
   >>> import dataclasses
@@ -29,15 +29,14 @@ Examples:
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _quantize as qz
-from lpjax.quant._gemm_recipe import OperandQuant
+from lpjax.quant import backends
+from lpjax.quant.recipes.gemm_recipe import OperandQuant
 
 GEMM_IMPLS = ("auto", "xla", "pallas")
 
@@ -47,9 +46,7 @@ MEASURED_FASTER: dict[str, tuple[str, ...]] = {}
 
 
 def _backend():
-  if "pallas" not in qz._BACKENDS:  # noqa: SLF001 (the package's own registry)
-    importlib.import_module("lpjax.pallas")  # registers itself; no import-time dependency
-  return qz._BACKENDS["pallas"]  # noqa: SLF001
+  return backends.KERNELS["pallas"]  # loads its provider on first use (lpjax.quant.backends)
 
 
 def _plain(op) -> bool:

@@ -4,11 +4,11 @@
 `pack` / `unpack` split the same computation at the packed `QArray`, for the memory-saving
 residual mode, and give bit-identical values. Keys are derived deterministically from the layer's
 key: `operand_key(key, "dgrad", LHS)` etc., and `hadamard_signs(key, gemm, block)` (shared by both
-operands of the GEMM), each one `_rng.fold_in(key, 4 * gemm + slot)` (docs/numerics.md §7).
+operands of the GEMM), each one `rng.fold_in(key, 4 * gemm + slot)` (docs/numerics.md §7).
 
 Examples:
   >>> import jax, jax.numpy as jnp
-  >>> from lpjax.quant._gemm_recipe import OperandQuant
+  >>> from lpjax.quant.recipes.gemm_recipe import OperandQuant
   >>> x = jax.random.normal(jax.random.key(0), (4, 64))
   >>> op = OperandQuant("mxfp4", hadamard_block=32)
   >>> signs = hadamard_signs(None, "fwd", 32)
@@ -28,13 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _nvfp4_schemes as schemes, _rng, _ssp as ssp
-from lpjax.quant._quest import quest
-from lpjax.quant._hadamard import hadamard, random_signs
-from lpjax.quant._packing import unpack_fp4
-from lpjax.quant._quantize import QArray, dequantize, fake_quant, quantize
-from lpjax.quant._gemm_recipe import OperandQuant
-from lpjax.quant._tables import decode_table
+from lpjax.quant.schemes import nvfp4 as schemes
+from lpjax.quant.numerics import rng
+from lpjax.quant.schemes import ssp
+from lpjax.quant.schemes.quest import quest
+from lpjax.quant.schemes.hadamard import hadamard, random_signs
+from lpjax.quant.formats.packing import unpack_fp4
+from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize
+from lpjax.quant.recipes.gemm_recipe import OperandQuant
+from lpjax.quant.formats.tables import decode_table
 
 GEMM_IDS = {"fwd": 0, "dgrad": 1, "wgrad": 2}
 LHS, RHS = 0, 1
@@ -43,20 +45,20 @@ _DEFAULT_SIGNS_SEED = 0x5EED  # fixed signs when no key is given (a deterministi
 
 
 def _tag(gemm: str, slot: int) -> int:
-  """The `_rng.fold_in` tag of one GEMM's operand (slot LHS / RHS) or RHT signs (_SIGNS)."""
+  """The `rng.fold_in` tag of one GEMM's operand (slot LHS / RHS) or RHT signs (_SIGNS)."""
   return 4 * GEMM_IDS[gemm] + slot
 
 
 def operand_key(key, gemm: str, side: int):
   """The SR key of operand `side` (LHS / RHS) of `gemm`, derived from the layer's key: one
-  `_rng.fold_in` (a counter hash; Threefry's fold_in compiles to ten kernels a call)."""
-  return None if key is None else _rng.fold_in(key, _tag(gemm, side))
+  `rng.fold_in` (a counter hash; Threefry's fold_in compiles to ten kernels a call)."""
+  return None if key is None else rng.fold_in(key, _tag(gemm, side))
 
 
 def hadamard_signs(key, gemm: str, block: int):
   """The ±1 RHT signs of `gemm`, shared by both its operands; fixed signs when key is None."""
   base = jax.random.key(_DEFAULT_SIGNS_SEED) if key is None else key
-  return random_signs(_rng.fold_in(base, _tag(gemm, _SIGNS)), block)
+  return random_signs(rng.fold_in(base, _tag(gemm, _SIGNS)), block)
 
 
 def rotate(x, block: int, axis: int, signs):
@@ -100,7 +102,7 @@ def _quantize_kwargs(op: OperandQuant, axis: int, key):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _scheme_fake(xs, key, op: OperandQuant, axis: int, block: int | None):
   """A scheme's fake quantization along `axis`, with a straight-through gradient (QuEST's trust
-  mask is applied by the GEMM's backward, `lpjax.quant._gemm`)."""
+  mask is applied by the GEMM's backward, `lpjax.quant.gemm.dot_general`)."""
   if op.stochastic and key is None:
     raise ValueError(f"Operand quantizer {op} rounds stochastically and needs a key: pass "
                      "key=jax.random.key(...) to dot_general (or a 'quant' RNG stream to the layer).")

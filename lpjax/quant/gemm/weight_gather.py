@@ -42,9 +42,9 @@ from typing import Callable, Optional, Sequence
 
 import jax
 
-from lpjax.quant import _operand as opq
-from lpjax.quant._gemm_recipe import OperandQuant
-from lpjax.quant._quantize import QArray
+from lpjax.quant.gemm import operand as opq
+from lpjax.quant.recipes.gemm_recipe import OperandQuant
+from lpjax.quant.codec.qarray import QArray
 
 # resolver(logical_axes, shape, gathered) -> a jax.sharding.Sharding, or None to leave it alone
 WeightResolver = Callable[[Sequence[Optional[str]], tuple, bool], Optional[jax.sharding.Sharding]]

@@ -12,7 +12,7 @@ binding every other equation unchanged. It is the same GEMM path as lpjax's own 
   params of `loss(params, batch)`) through layout-only ops (dtype casts, reshapes, transposes,
   slices of a stacked layer) is the weight, and it becomes the recipe's W (rhs): NVFP4's 16x16
   weight blocks, REUSE_FWD / from_fwd and the FP4 weight all-gather (`weight_axes`) apply to it.
-- Paths and blocks: see `lpjax.quant._intercept_sites`. A scan whose inputs include stacked
+- Paths and blocks: see `lpjax.quant.intercept.sites`. A scan whose inputs include stacked
   weights is a scan over blocks: its iteration is the block index (keys fold it in); when the
   policy keeps some blocks in high precision (keep_first / keep_last) such a scan is unrolled so
   that each block gets its own recipe, as lpjax's LLaMA unrolls its blocks then.
@@ -45,17 +45,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 from typing import Callable, Sequence
 
 import jax
 
-from lpjax.quant import recipes
-from lpjax.quant._gemm import as_key
-from lpjax.quant._gemm_recipe import GemmRecipe
-from lpjax.quant._intercept_eval import SITES_FOUND, STACKED_FOUND, Run, Scope, Weight
-from lpjax.quant._intercept_sites import Report
-from lpjax.quant._policy import QuantPolicy, path_str
+from lpjax.quant import backends, recipes
+from lpjax.quant.gemm.dot_general import as_key
+from lpjax.quant.recipes.gemm_recipe import GemmRecipe
+from lpjax.quant.intercept.evaluator import SITES_FOUND, STACKED_FOUND, Run, Scope, Weight
+from lpjax.quant.intercept.sites import Report
+from lpjax.quant.policy import QuantPolicy, path_str
 
 
 def as_policy(policy) -> QuantPolicy:
@@ -211,8 +210,15 @@ def report(fn: Callable, *args, **kwargs) -> Report:
 def quantize_model(model, policy="bf16", **kwargs):
   """A Flax linen or NNX `model` with every GEMM inside it quantized by `policy`.
 
-  The Flax adapters live in `lpjax.nn` (this package imports no Flax) and are loaded by name;
-  see `lpjax.nn.quantize_model` for the arguments and what it returns.
+  The framework adapters register themselves in `lpjax.quant.backends.MODEL_ADAPTERS` (this
+  package imports no Flax; `lpjax.nn` provides "linen" and "nnx"); see `lpjax.nn.quantize_model`
+  for the arguments and what it returns.
   """
-  adapters = importlib.import_module("lpjax.nn._quantize_model")
-  return adapters.quantize_model(model, policy, **kwargs)
+  policy = as_policy(policy)
+  backends.MODEL_ADAPTERS.load_all()
+  for adapter in backends.MODEL_ADAPTERS.values():
+    wrapped = adapter(model, policy, **kwargs)
+    if wrapped is not NotImplemented:
+      return wrapped
+  raise TypeError(f"quantize_model takes a Flax linen or NNX module, got {type(model).__name__}; "
+                  "for a plain JAX function use lpjax.quant.quantized(fn, policy).")

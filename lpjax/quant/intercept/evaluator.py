@@ -1,5 +1,5 @@
 """The evaluator of the interception: a traced jaxpr run equation by equation, its GEMMs through
-the policy's recipes (`lpjax.quant._intercept` has the public functions and the overview).
+the policy's recipes (`lpjax.quant.intercept.entry_points` has the public functions and the overview).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from lpjax.quant import _intercept_sites as sites_lib
-from lpjax.quant._intercept_gemm import is_identity, quantized_conv, quantized_dot
-from lpjax.quant._intercept_sites import HIGH_PRECISION, QUANTIZED, UNCHANGED, Site
-from lpjax.quant._policy import QuantPolicy
+from lpjax.quant.intercept import sites as sites_lib
+from lpjax.quant.intercept.gemm_call import is_identity, quantized_conv, quantized_dot
+from lpjax.quant.intercept.sites import HIGH_PRECISION, QUANTIZED, UNCHANGED, Site
+from lpjax.quant.policy import QuantPolicy
 
 _GEMMS = ("dot_general", "conv_general_dilated")
 # Ops that move or cast a weight without mixing it with anything: their result is still it.

@@ -1,4 +1,4 @@
-"""The quantized call that replaces one intercepted GEMM equation (`lpjax.quant._intercept`).
+"""The quantized call that replaces one intercepted GEMM equation (`lpjax.quant.intercept.entry_points`).
 
 A `dot_general` runs as `lpjax.quant.dot_general` with the weight as the recipe's W (rhs),
 whatever side it was on; two activations run in the order whose canonical GEMM needs no
@@ -10,9 +10,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant._conv import conv_general_dilated
-from lpjax.quant._gemm import dot_general
-from lpjax.quant._gemm_recipe import GemmRecipe
+from lpjax.quant.gemm.conv import conv_general_dilated
+from lpjax.quant.gemm.dot_general import dot_general
+from lpjax.quant.recipes.gemm_recipe import GemmRecipe
 
 
 def is_identity(recipe: GemmRecipe, lhs, rhs, pet) -> bool:

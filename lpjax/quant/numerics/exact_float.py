@@ -1,5 +1,5 @@
 """Correctly rounded float32 products and reciprocals, subnormal results included, from float
-arithmetic on normal numbers only: what `_fp32_bits.mul` / `_fp32_bits.recip` compute with
+arithmetic on normal numbers only: what `fp32_bits.mul` / `fp32_bits.recip` compute with
 integer emulation, in about a third of the operations (it is the NVFP4 scale tail's exact branch,
 compiled into every NVFP4 quantizer, so its size is compile time; docs/numerics.md §5).
 
@@ -40,7 +40,7 @@ these with them bit for bit over the whole float32 range.
 
 Examples:
   >>> import jax.numpy as jnp
-  >>> from lpjax.quant import _fp32_bits as fb
+  >>> from lpjax.quant.numerics import fp32_bits as fb
   >>> a, b = fb.to_bits(jnp.float32(2.0 ** -130)), fb.to_bits(jnp.float32(3.0))
   >>> float(fb.from_bits(mul_bits(a, b))) == 3 * 2.0 ** -130   # a subnormal product, exact
   True
@@ -53,7 +53,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant import _fp32_bits as fb
+from lpjax.quant.numerics import fp32_bits as fb
 
 U32 = jnp.uint32
 I32 = jnp.int32
@@ -112,7 +112,7 @@ def _short_product(x, y):
 
 def mul_bits(a_bits, b_bits, *, a_is_short_normal: bool = False):
   """fl32(a * b) of finite float32 bits (bits at or above Inf's read as exponent 128), as
-  `_fp32_bits.mul` computes it for finite operands. a_is_short_normal: the caller guarantees a is
+  `fp32_bits.mul` computes it for finite operands. a_is_short_normal: the caller guarantees a is
   0 or normal with at most 12 significant bits (an e4m3 scale, an element value), which skips
   a's subnormal case and its split."""
   a_bits, b_bits = a_bits.astype(U32), b_bits.astype(U32)
@@ -131,7 +131,7 @@ def mul_bits(a_bits, b_bits, *, a_is_short_normal: bool = False):
 
 
 def recip_bits(a_bits):
-  """fl32(1 / a) of finite non-zero float32 bits, as `_fp32_bits.recip` computes it."""
+  """fl32(1 / a) of finite non-zero float32 bits, as `fp32_bits.recip` computes it."""
   a_bits = a_bits.astype(U32)
   sig, exp = decompose(a_bits)
   q = jnp.float32(1.0) / sig  # in (1/2, 1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lpjax.quant import _fp32_bits as fb
+from lpjax.quant.numerics import fp32_bits as fb
 
 U32 = jnp.uint32
 

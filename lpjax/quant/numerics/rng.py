@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lpjax.quant._materialize import materialize, opaque_zero
+from lpjax.quant.numerics.materialize import materialize, opaque_zero
 
 U32 = jnp.uint32
 

@@ -15,7 +15,7 @@ X or W, i.e. autodiff through fake quantization with a straight-through estimato
 Stable-SPAM paper's code does).
 
 Examples:
-  >>> from lpjax.quant._gemm_recipe import GemmQuant, GemmRecipe, OperandQuant
+  >>> from lpjax.quant.recipes.gemm_recipe import GemmQuant, GemmRecipe, OperandQuant
   >>> rtn = OperandQuant("mxfp4")
   >>> sr = OperandQuant("mxfp4", rounding="stochastic", scale_mode="rceil", hadamard_block=32,
   ...                   sr_prescale=0.75)
@@ -33,8 +33,9 @@ from typing import Any, Union
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _formats as formats, _ssp as ssp
-from lpjax.quant._nvfp4_schemes import BLOCK as SCHEME_BLOCK, SCHEMES as NVFP4_SCHEMES
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.schemes import ssp
+from lpjax.quant.schemes.nvfp4 import BLOCK as SCHEME_BLOCK, SCHEMES as NVFP4_SCHEMES
 
 SCHEMES = NVFP4_SCHEMES + ("quest",)  # OperandQuant.scheme values (docs/numerics.md §7b)
 
@@ -212,7 +213,7 @@ class GemmRecipe:
   wgrad: GemmQuant = GemmQuant()  # dW = X^T dY; blocks along the tokens M
   compute_dtype: Any = None  # dtype the (fake-quantized) operands are fed to the GEMM in; None = as given
   residuals: str = "high_precision"  # "high_precision": keep X, W; "quantized": keep packed QArrays
-  gemm_impl: str = "auto"  # FP4 GEMMs: "xla" emulated, "pallas" the exact kernel, "auto" (_gemm_kernel)
+  gemm_impl: str = "auto"  # FP4 GEMMs: "xla" emulated, "pallas" the exact kernel, "auto" (kernel_dispatch)
   name: str = ""  # preset name, for printing and logging
 
   def __post_init__(self):

@@ -78,8 +78,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from lpjax.quant import _formats as formats, recipes
-from lpjax.quant._gemm_recipe import GEMMS, REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
+from lpjax.quant.formats import specs as formats
+from lpjax.quant.recipes import presets
+from lpjax.quant.recipes.gemm_recipe import GEMMS, REUSE_FWD, GemmQuant, GemmRecipe, OperandQuant
 
 GRANULARITIES = ("block", "channel", "tensor", "fixed")
 GEMM_SETS = ("all", "fwd", "bwd", "<gemm>+<gemm>... of fwd, dgrad, wgrad")
@@ -292,7 +293,7 @@ def split(spec: str) -> tuple[str, dict[str, str]]:
 def parse(spec: str) -> GemmRecipe:
   """The GemmRecipe of `spec` ("<preset>" or "<preset>:key=value,..."); its name is the spec."""
   preset, raw = split(spec)
-  base = recipes.get(preset)  # raises ValueError naming the presets
+  base = presets.preset(preset)  # raises ValueError naming the presets
   if not raw:
     return base
   name = "".join(spec.split())

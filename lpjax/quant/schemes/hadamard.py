@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _rng
-from lpjax.quant._materialize import materialize, opaque_zero
-from lpjax.quant._packing import _normalize_axis
+from lpjax.quant.numerics import rng
+from lpjax.quant.numerics.materialize import materialize, opaque_zero
+from lpjax.quant.formats.packing import normalize_axis
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +133,7 @@ def positive_zeros(y):
 def random_signs(key, n: int) -> jax.Array:
   """float32 ±1 of shape (n,), from `key`: sign i is -1 where the top bit of
   `lpjax.quant.random_bits(key, (n,))[i]` is set, +1 otherwise."""
-  bits = _rng.random_bits(key, (n,))
+  bits = rng.random_bits(key, (n,))
   signs = jnp.where((bits >> 31) != 0, jnp.float32(-1.0), jnp.float32(1.0))
   # Computed once: XLA would otherwise fuse the hash into every element of the transform.
   (signs,) = materialize((signs,), opaque_zero(bits))
@@ -154,7 +154,7 @@ def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -
     The transformed array, x's shape and dtype (computed in float32 or wider).
   """
   x = jnp.asarray(x)
-  axis = _normalize_axis(axis, x.ndim)
+  axis = normalize_axis(axis, x.ndim)
   hadamard_matrix(block)  # validates block
   if x.shape[axis] % block:
     raise ValueError(f"hadamard: x.shape[{axis}] = {x.shape[axis]} is not a multiple of the block "

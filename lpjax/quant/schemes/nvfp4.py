@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant import _rng
+from lpjax.quant.numerics import rng
 
 SCHEMES = ("four_over_six", "ms_eden")
 BLOCK = 16  # elements per block scale (NVFP4)
@@ -73,7 +73,7 @@ def round_e2m1(v, rounding: str, u=None):
     n = jnp.round(t)  # half to even
   elif rounding == "nearest_away":
     n = fl + (t - fl >= 0.5).astype(F32)
-  elif rounding == "nearest_toward_zero":  # QuEST's kernel (lpjax.quant._quest)
+  elif rounding == "nearest_toward_zero":  # QuEST's kernel (lpjax.quant.schemes.quest)
     n = fl + (t - fl > 0.5).astype(F32)
   elif rounding == "stochastic":
     n = fl + (u < t - fl).astype(F32)
@@ -86,7 +86,7 @@ def round_e2m1(v, rounding: str, u=None):
 
 def _uniform(key, shape):
   """Uniform [0, 1) float32 with 24 random bits each (exact), from the counter hash."""
-  bits = _rng.random_bits(key, shape)
+  bits = rng.random_bits(key, shape)
   return (bits >> 8).astype(F32) * F32(2.0**-24)
 
 

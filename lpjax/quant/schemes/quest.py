@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lpjax.quant._nvfp4_schemes import round_e2m1, tree_sum
+from lpjax.quant.schemes.nvfp4 import round_e2m1, tree_sum
 
 F32 = jnp.float32
 GAUSSIAN_SCALE = np.float32(2.92247856 / 6.0)  # Quartet: the MSE-optimal RMS multiple for e2m1

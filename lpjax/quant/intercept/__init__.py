@@ -1,0 +1,11 @@
+"""lpjax.quant.intercept: any model's GEMMs through the policy, no rewrite. The top of lpjax.quant.
+
+Stands on `gemm`, `recipes` and `policy`; knows no Flax (the Flax adapters of `quantize_model`
+register in `lpjax.quant.backends.MODEL_ADAPTERS`). Modules, and what they offer:
+- `entry_points`: `quantized`, `quantize_model`, `report`, `collect_sites`, `stacked_weights`
+  (the public functions), and for the model adapters of lpjax.nn: `as_policy` (a recipe name or
+  policy -> QuantPolicy) and `run` (one call of a function with its GEMMs intercepted).
+- `evaluator`: the jaxpr evaluator that routes each GEMM equation through the policy.
+- `sites`: `Site` and `Report`, what a trace found.
+- `gemm_call`: the quantized call that replaces one GEMM equation.
+"""

@@ -1,0 +1,10 @@
+"""lpjax.quant.numerics: exact float32 arithmetic, the floor of lpjax.quant (imports nothing above).
+
+Modules, and what they offer to the rest of lpjax (lpjax.pallas builds its kernels on them):
+- `fp32_bits`: IEEE float32 on bit patterns with integer operations (`to_bits`, `split`,
+  `mul_by_scale`, `recip`, ...), so subnormals survive on backends that flush them.
+- `exact_float`: correctly rounded float32 products and reciprocals from float operations.
+- `rng`: the counter hash behind stochastic rounding (`hash_bits`, `random_bits`, `fold_in`;
+  docs/numerics.md §6).
+- `materialize`: per-group values computed once (the XLA:CPU fusion workaround).
+"""
