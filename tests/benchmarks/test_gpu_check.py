@@ -143,6 +143,11 @@ def _lowers_to_triton(fn, *args):
   """fn lowered for the "cuda" platform on this CPU (the spelling of jax 0.10-0.11) holds a
   Pallas Triton kernel (the custom call that jax 0.11 also names CUSTOM_CALL_TARGET_NAME)."""
   from jax.experimental.pallas import triton as pltriton
+
+  from lpjax.pallas import _support
+  reason = _support.cuda_lowering_unavailable()  # jax >= 0.11 without a GPU
+  if reason:
+    pytest.skip(reason)
   target = getattr(pltriton, "CUSTOM_CALL_TARGET_NAME", "xla.gpu.triton").split("$")[-1]
   traced = jax.jit(fn).trace(*args)
   return target in traced.lower(lowering_platforms=("cuda",)).as_text()
