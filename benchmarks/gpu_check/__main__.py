@@ -98,8 +98,9 @@ def main(argv=None) -> int:
 
   def stop(signum, frame):  # the caller's limit: kill the stage, keep the report as it stands
     _runner.kill_running()
-    if writer.last is not None:
-      writer(writer.last)
+    results = _runner.snapshot()
+    if results is not None:
+      writer(results)
     print(f"\n[gpu-check] stopped by signal {signum}; partial report: "
           f"{args.report or os.path.join(out, 'report.md')}", flush=True)
     os._exit(128 + signum)

@@ -137,11 +137,13 @@ def markdown(check: dict) -> str:
   title = check.get("device") or "unknown device"
   lines = [f"# lpjax GPU check: {title}{' (dry run)' if check['dry_run'] else ''}", ""]
   if not check.get("finished", True):
-    waiting = [r["letter"] for r in check["stages"] if r.get("status") in ("running",
-                                                                             "not started")]
+    order = check.get("plan") or "abcdefg"
+    by = {r["letter"]: r.get("status") for r in check["stages"]}
+    running = [x for x in order if by.get(x) in ("running", "interrupted")]
+    waiting = [x for x in order if by.get(x) == "not started"]
     lines += [f"**PARTIAL REPORT**: written while the check ran (rewritten as each case is "
-              f"recorded); if it still says so, the run was cut off. Stages running or not "
-              f"started: {', '.join(waiting) or 'none'}.", ""]
+              f"recorded); if it still says so, the run was cut off. Running: "
+              f"{', '.join(running) or 'none'}. Not started: {', '.join(waiting) or 'none'}.", ""]
   if check["dry_run"]:
     lines += ["A **dry run**: every stage on the CPU with tiny sizes and interpret-mode Pallas "
               "kernels. It shows that the check runs; its timings and bandwidths are **not GPU "

@@ -169,6 +169,25 @@ def _wait(proc, start: float, timeout_s: float, path: str, stage: Stage, on_upda
 
 
 _RUNNING: list = []  # the stage process now running (killed with the parent on SIGTERM)
+_STATE: dict = dict(results=None, current=None)  # run_all's results so far and its stage
+
+
+def snapshot(status: str = "interrupted") -> list[dict] | None:
+  """run_all's results as they stand, the running stage re-read from its JSON file and marked
+  `status` (for a report written when the run is stopped by a signal)."""
+  results = _STATE.get("results")
+  if results is None:
+    return None
+  results = list(results)
+  if _STATE.get("current"):
+    stage, workdir = _STATE["current"]
+    i = next((k for k, r in enumerate(results) if r.get("letter") == stage.letter), None)
+    if i is not None and results[i].get("status") in ("running", "not started"):
+      partial = _read(os.path.join(workdir, f"stage_{stage.letter}.json"), stage)
+      partial.update(letter=stage.letter, title=stage.title, status=status,
+                     error="stopped by a signal while it ran; figures so far are kept")
+      results[i] = partial
+  return results
 
 
 def kill(proc) -> None:
@@ -195,9 +214,12 @@ def run_all(stages, *, dry_run: bool, workdir: str, total_limit_s: float = PLAN_
   ends = deadlines(stages, total_limit_s)
   start = time.time()
   results = [pending(s) for s in stages]
+  stage_of = dict(enumerate(stages))
+  _STATE.update(results=results, current=None)
 
   def update(i, partial):
     results[i] = partial
+    _STATE.update(results=results, current=(stage_of[i], workdir))
     if on_update is not None:
       on_update(list(results))
 
@@ -211,6 +233,7 @@ def run_all(stages, *, dry_run: bool, workdir: str, total_limit_s: float = PLAN_
       continue
     progress(f"[gpu-check] stage {stage.letter} ({stage.title}): up to {timeout:.0f} s ...",
              flush=True)
+    _STATE.update(current=(stage, workdir))
     result = run_stage(stage, dry_run=dry_run, timeout_s=timeout, workdir=workdir,
                        on_update=lambda partial, i=i: update(i, partial))
     progress(f"[gpu-check] stage {stage.letter}: {result['status']} in {result['seconds']:.1f} s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -56,6 +57,11 @@ def describe() -> dict:
   info["nvidia_smi"] = _nvidia_smi()
   info["versions"] = {"jax": jax.__version__, **_versions()}
   info["optional_packages_missing"] = [m for m in OPTIONAL if importlib.util.find_spec(m) is None]
+  import lpjax
+  import ml_collections
+  info["lpjax_from"] = os.path.dirname(os.path.dirname(os.path.abspath(lpjax.__file__)))
+  info["ml_collections_from"] = os.path.dirname(os.path.dirname(os.path.abspath(
+      ml_collections.__file__)))  # the machine's, or the bundle's site folder
   return info
 
 
