@@ -148,7 +148,7 @@ On the GPU machine (its own CUDA JAX; no package index needed):
   python3 scripts/gpu_bundle.py install .. && \\
     PYTHONPATH=$(python3 scripts/gpu_bundle.py site ..) python3 -m benchmarks.gpu_check --out /path/to/out
 
-`install` puts only the wheels whose module is missing into ../site with
+`install` puts only the wheels whose module is missing into the bundle's site folder with
 `pip install --no-index --no-deps --target`; the machine's JAX and everything else installed
 there stay as they are. The check runs stages a g b c e d f within 540 s and keeps
 /path/to/out/report.md up to date as it goes.
