@@ -21,11 +21,13 @@ def summarize(results: list[dict], *, dry_run: bool, seconds: float,
   report left by a run that was killed): the report then says it is partial."""
   env = next((r.get("info", {}) for r in results if r.get("stage") == "env"), {})
   stages = sorted(results, key=lambda r: r.get("letter", "~"))
-  passed = finished and all(r.get("status") == "pass" for r in stages)
+  skipped = skipped_for_time(stages)
+  # Passed: every stage ran every case and passed (a check cut short by time has not passed).
+  passed = finished and not skipped and all(r.get("status") == "pass" for r in stages)
   return dict(dry_run=dry_run, seconds=seconds, passed=passed, finished=finished,
               total_limit_s=total_limit_s, plan=plan, device=env.get("device_kind"),
               platform=env.get("platform"), env=env, goals=GOALS, stages=stages,
-              skipped_for_time=skipped_for_time(stages))
+              skipped_for_time=skipped)
 
 
 def skipped_for_time(stages: list[dict]) -> list[str]:
@@ -86,8 +88,11 @@ def summary_table(check: dict) -> str:
   dry = check["dry_run"]
   kind = (" (DRY RUN: CPU, tiny sizes, interpret-mode kernels; figures are not GPU figures)"
           if dry else "")
-  verdict = ("PASSED" if check["passed"] else "FAILED") if check.get("finished", True) else (
-      "PARTIAL (running, or the run was cut off)")
+  failed = any(r.get("status") == "fail" and not r.get("killed") for r in check["stages"])
+  skipped = len(check.get("skipped_for_time", []))
+  verdict = ("PARTIAL (running, or the run was cut off)" if not check.get("finished", True) else
+             "PASSED" if check["passed"] else "FAILED" if failed else
+             f"INCOMPLETE ({skipped} skipped for time, nothing failed)")
   total = check.get("total_limit_s")
   head = (f"lpjax GPU check{kind} on {check.get('device') or '?'}: {verdict} in "
           f"{check['seconds']:.0f} s (limit {total:.0f} s)" if total else

@@ -161,7 +161,7 @@ def run_one(spec: dict, timeout_s: float, workdir: str) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
                           env=env)
   except subprocess.TimeoutExpired:
-    return dict(spec, ok=False, error=f"not finished within {timeout_s:.0f} s")
+    return dict(spec, ok=False, timed_out=True, error=f"not finished within {timeout_s:.0f} s")
   try:
     with open(path) as f:
       return json.load(f)
@@ -201,8 +201,11 @@ def run(rec, dry_run: bool) -> None:
       continue
     if rec.out_of_time(f"{spec['size']} {spec['recipe']}"):
       continue
-    r = run_one(spec, min(cap, max(rec.time_left(), 1)), workdir)
+    timeout = min(cap, max(rec.time_left(), 1))
+    r = run_one(spec, timeout, workdir)
     _row(rec, r)
+    if _stopped_by_deadline(rec, r, timeout, cap, f"{spec['size']} {spec['recipe']}"):
+      continue
     rec.check(f"{spec['size']} {spec['recipe']} step", r.get("ok", False), r.get("error", ""))
     results.append(r)
   if dry_run:
@@ -220,12 +223,24 @@ def run(rec, dry_run: bool) -> None:
                    met=(ratio <= STEP_GOAL) if goal and not dry_run else None)
 
 
+def _stopped_by_deadline(rec, r: dict, timeout: float, cap: float, what: str) -> bool:
+  """A run cut off by the stage's deadline (not by its own cap) is skipped for time, not failed."""
+  if not (r.get("timed_out") and timeout < cap):
+    return False
+  rec.data["cut_short"].append(f"{what} (stopped at the stage's deadline after {timeout:.0f} s)")
+  rec.flush()
+  return True
+
+
 def _largest_microbatch(rec, spec, candidates, cap, workdir) -> None:
   for batch in candidates:
     if rec.out_of_time(f"{spec['size']} microbatch {batch}"):
       return
-    r = run_one(dict(spec, batch=batch), min(cap, max(rec.time_left(), 1)), workdir)
+    timeout = min(cap, max(rec.time_left(), 1))
+    r = run_one(dict(spec, batch=batch), timeout, workdir)
     _row(rec, r)
+    if _stopped_by_deadline(rec, r, timeout, cap, f"{spec['size']} microbatch {batch}"):
+      return
     if r.get("ok"):
       rec.figure(f"{spec['size']} largest microbatch on one device", batch,
                  f"x {spec['seq_len']} tokens, {r['tokens_per_s']:.0f} tokens/s")

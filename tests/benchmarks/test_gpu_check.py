@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -353,3 +354,19 @@ def test_stage_g_reference_never_goes_through_the_kernels(kernels_as_on_a_gpu, m
       quant.dequantize(qb, impl="xla"), np.float64).T
   np.testing.assert_allclose(np.asarray(ref), want, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(np.asarray(native.reference(qa, qb)), np.asarray(ref))
+
+
+def test_stage_f_counts_a_run_cut_off_by_the_deadline_as_skipped_not_failed(monkeypatch, tmp_path):
+  def fake_run_one(spec, timeout_s, workdir):
+    if spec["recipe"] == "bf16":
+      return dict(spec, ok=True, step_s=1.0, tokens_per_s=1.0, compile_s=1.0, lower_s=1.0)
+    return dict(spec, ok=False, timed_out=True, error=f"not finished within {timeout_s:.0f} s")
+
+  monkeypatch.setattr(steps, "run_one", fake_run_one)
+  rec = _record.Recorder(str(tmp_path / "f.json"), "steps", deadline=time.time() + 30,
+                         dry_run=True)
+  steps.run(rec, dry_run=True)  # the dry run's cap is 120 s: 30 s left is the stage's deadline
+  assert rec.data["checks"] == dict(passed=1, failed=0)
+  assert rec.data["cut_short"][0].startswith("tiny mxfp4 (stopped at the stage's deadline")
+  check = _report.summarize([dict(rec.data, letter="f", status="pass")], dry_run=True, seconds=1)
+  assert not check["passed"] and "INCOMPLETE (2 skipped for time" in _report.summary_table(check)

@@ -31,7 +31,8 @@ def test_make_gpu_check_dry_run_writes_everything_into_out(tmp_path):
       "dry-run-cpu.json", "report.md", "stage_a.json", "stage_a.log"]
   report = (out / "report.md").read_text()
   assert "(dry run)" in report and "PARTIAL" not in report
-  assert "Passed (2): a GPU is the default backend; lpjax imports" in report
+  assert ("Passed (3): a GPU is the default backend; lpjax imports; ml_collections imports "
+          "(stage f's configs)") in report
   assert json.loads((out / "dry-run-cpu.json").read_text())["finished"]
 
 
