@@ -52,6 +52,7 @@ def run(rec, dry_run: bool) -> None:
   import jax.numpy as jnp
 
   from benchmarks.gpu_check import _timing
+  from benchmarks.gpu_check._record import in_order
 
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import gemm_overhead  # benchmarks/gemm_overhead.py (it imports benchmarks/timing.py)
@@ -67,19 +68,44 @@ def run(rec, dry_run: bool) -> None:
             "w_down": (jax.random.normal(k[2], (ff, d)) / ff**0.5).astype(jnp.bfloat16)}
   x = jax.random.normal(k[3], (tokens, d)).astype(jnp.bfloat16)
   key = jax.random.key(1)
-  steps, compile_s = {}, {}
-  for recipe, impl in cases(recipes, gpu):  # every (recipe, quantizers) a case of its own
-    name = f"{recipe} ({impl} quantizers)"
-    if rec.out_of_time(name):
+  # Traced one by one (the quantizer setting is read while tracing), compiled side by side in
+  # threads (XLA and Triton compile outside the GIL), then each warmed up; every (recipe,
+  # quantizers) is a case of its own: a failure at any step is that case's alone.
+  lowered, failed = {}, {}
+  start = time.perf_counter()
+  for recipe, impl in cases(recipes, gpu):
+    if rec.out_of_time(f"{recipe} ({impl} quantizers)"):
       continue
     try:
-      with quantizers("auto" if impl == "pallas" else "xla"):  # read when the step is traced
-        steps[(recipe, impl)], compile_s[(recipe, impl)] = _timing.compiled(
-            gemm_overhead.make_step(recipe), params, x, key, rec=rec)
-      _timing.run(steps[(recipe, impl)], params, x, key, rec=rec)  # warm-up
-    except Exception as e:  # noqa: BLE001 (e.g. a Triton compile error: the other cases go on)
-      steps.pop((recipe, impl), None)
-      rec.check(f"{name} compiles and runs", False, f"{type(e).__name__}: {e}"[:500])
+      with quantizers("auto" if impl == "pallas" else "xla"):
+        lowered[(recipe, impl)] = gemm_overhead.make_step(recipe).lower(params, x, key)
+    except Exception as e:  # noqa: BLE001 (e.g. a kernel that does not trace)
+      failed[(recipe, impl)] = e
+  rec.add_time(compile_s=time.perf_counter() - start)
+  steps, compile_s = {}, {}
+
+  def compile_one(case):
+    t = time.perf_counter()
+    exe = lowered[case].compile()
+    return exe, time.perf_counter() - t
+
+  start = time.perf_counter()
+  for case, result in in_order(rec, list(lowered), compile_one, workers=1 if dry_run else 4,
+                               label=lambda c: f"{c[0]} ({c[1]} quantizers)"):
+    if isinstance(result, Exception):
+      failed[case] = result
+    else:
+      steps[case], compile_s[case] = result
+  rec.add_time(compile_s=time.perf_counter() - start)
+  for case in list(steps):
+    try:
+      _timing.run(steps[case], params, x, key, rec=rec)  # warm-up
+    except Exception as e:  # noqa: BLE001 (e.g. out of memory)
+      failed[case] = e
+      steps.pop(case)
+  for (recipe, impl), e in failed.items():
+    rec.check(f"{recipe} ({impl} quantizers) compiles and runs", False,
+              f"{type(e).__name__}: {e}"[:500])
   times = {c: [] for c in steps}
   for r in range(rounds):  # interleaved rounds, rotated by one each round (benchmarks/timing.py)
     if rec.out_of_time(f"timing round {r + 1} of {rounds}"):
