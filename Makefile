@@ -49,8 +49,9 @@ OUT ?=
 BUNDLE ?=
 gpu-check:
 	$(if $(BUNDLE),$(GPU_PY) scripts/gpu_bundle.py install $(BUNDLE) &&) \
-	$(if $(BUNDLE),PYTHONPATH="$$($(GPU_PY) scripts/gpu_bundle.py site $(BUNDLE))$${PYTHONPATH:+:$$PYTHONPATH}") \
-	$(GPU_PY) -m benchmarks.gpu_check $(if $(filter-out 0,$(DRY_RUN)),--dry-run) $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
+	$(if $(BUNDLE),PYTHONPATH="$$($(GPU_PY) scripts/gpu_bundle.py site $(BUNDLE))") \
+	$(GPU_PY) -m benchmarks.gpu_check $(if $(filter-out 0,$(DRY_RUN)),--dry-run) \
+	$(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 # The offline bundle for a GPU machine without a package index: BUNDLE=DIR (default
 # runs/gpu_bundle) gets lpjax's source and wheels of the pure-Python packages a stock CUDA-JAX

@@ -2,7 +2,7 @@
 
     python scripts/gpu_bundle.py build DIR      # here (make gpu-bundle BUNDLE=DIR)
     python scripts/gpu_bundle.py install DIR    # there (make gpu-check BUNDLE=DIR does it first)
-    python scripts/gpu_bundle.py site DIR       # prints DIR/site, the folder to put on PYTHONPATH
+    python scripts/gpu_bundle.py site DIR       # prints DIR/site[:$PYTHONPATH], for PYTHONPATH
 
 `build` writes DIR/lpjax (lpjax's source, benchmarks, configs, scripts, Makefile: what
 `make gpu-check` runs), DIR/wheels (wheels of the pure-Python packages the check imports that a
@@ -146,7 +146,8 @@ On the GPU machine (its own CUDA JAX; no package index needed):
   cd lpjax
   make gpu-check BUNDLE=.. OUT=/path/to/out    # or, without make:
   python3 scripts/gpu_bundle.py install .. && \\
-    PYTHONPATH=$(python3 scripts/gpu_bundle.py site ..) python3 -m benchmarks.gpu_check --out /path/to/out
+    PYTHONPATH=$(python3 scripts/gpu_bundle.py site ..) \\
+    python3 -m benchmarks.gpu_check --out /path/to/out
 
 `install` puts only the wheels whose module is missing into the bundle's site folder with
 `pip install --no-index --no-deps --target`; the machine's JAX and everything else installed
@@ -231,8 +232,8 @@ def main(argv=None) -> int:
           f"and wheels of {log}; {manifest['total_bytes'] / 1e6:.2f} MB in all")
   elif args.command == "install":
     install(args.bundle, everything=args.all)
-  else:
-    print(site(args.bundle))
+  else:  # the value for PYTHONPATH: the bundle's site folder first
+    print(os.pathsep.join(p for p in (site(args.bundle), os.environ.get("PYTHONPATH")) if p))
   return 0
 
 

@@ -37,7 +37,7 @@ class Stage:
   letter: str  # a-g, the letters of issue 38 (the report lists stages in this order)
   name: str  # module in benchmarks/gpu_check (or a dotted module path) with run(rec, dry_run)
   title: str
-  budget_s: float  # its share of the plan's PLAN_TOTAL_S on one H100 / H200, first compiles included
+  budget_s: float  # its share of PLAN_TOTAL_S on one H100 / H200, first compiles included
 
 
 STAGES = (

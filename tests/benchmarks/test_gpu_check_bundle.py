@@ -31,7 +31,8 @@ def _wheel_is_pure_and_consistent(path):
 
 def test_the_bundle_holds_the_source_and_pure_wheels_and_runs_the_check(tmp_path):
   bundle = tmp_path / "bundle"
-  out = subprocess.run(["make", "-s", "gpu-bundle", f"BUNDLE={bundle}", f"GPU_PY={sys.executable}"],
+  out = subprocess.run(["make", "-s", "gpu-bundle", f"BUNDLE={bundle}",
+                        f"GPU_PY={sys.executable}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stdout + out.stderr
   manifest = json.loads((bundle / "manifest.json").read_text())
@@ -47,20 +48,23 @@ def test_the_bundle_holds_the_source_and_pure_wheels_and_runs_the_check(tmp_path
     _wheel_is_pure_and_consistent(bundle / "wheels" / p["wheel"])
 
   # install --all: every wheel into the bundle's own site folder, offline, nothing else.
-  inst = subprocess.run([sys.executable, "scripts/gpu_bundle.py", "install", str(bundle), "--all"],
+  inst = subprocess.run([sys.executable, "scripts/gpu_bundle.py", "install", str(bundle),
+                         "--all"],
                         cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert inst.returncode == 0, inst.stdout + inst.stderr
   assert "pip install --no-index --no-deps --upgrade --target" in inst.stdout
   site = bundle / "site"
   assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == [
       "absl", "ml_collections"]  # never jax, flax or anything the machine has
-  where = subprocess.run([sys.executable, "-c", "import ml_collections; print(ml_collections.__file__)"],
+  where = subprocess.run([sys.executable, "-c",
+                          "import ml_collections; print(ml_collections.__file__)"],
                          env=dict(os.environ, PYTHONPATH=str(site)), capture_output=True, text=True)
   assert where.stdout.startswith(str(site)), where.stdout + where.stderr
 
   # From inside the bundle, as on the GPU machine: the bundle's lpjax and its site folder.
-  check = subprocess.run(["make", "-s", "gpu-check", "BUNDLE=..", "DRY_RUN=1", f"OUT={tmp_path / 'out'}",
-                          f"GPU_PY={sys.executable}", "GPU_CHECK_ARGS=--stages a"],
+  check = subprocess.run(["make", "-s", "gpu-check", "BUNDLE=..", "DRY_RUN=1",
+                          f"OUT={tmp_path / 'out'}", f"GPU_PY={sys.executable}",
+                          "GPU_CHECK_ARGS=--stages a"],
                          cwd=src, capture_output=True, text=True, timeout=300,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
   assert check.returncode == 0, check.stdout + check.stderr
