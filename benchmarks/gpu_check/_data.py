@@ -52,6 +52,11 @@ def bits(a) -> np.ndarray:
   return a.view(width) if a.dtype.kind != "b" else a.astype(np.uint8)
 
 
+def _is_float(dtype) -> bool:
+  """numpy floats and ml_dtypes' (bfloat16, float8_*, float4_*, ...)."""
+  return dtype.kind == "f" or dtype.name.startswith(("float", "bfloat"))
+
+
 def differing(u, v) -> np.ndarray:
   """Where two arrays of one shape and dtype differ: bit for bit (so -0 != +0), except that NaN
   is one category (docs/numerics.md, "NaN payloads"): a NaN matches any NaN, whatever its sign
@@ -64,7 +69,7 @@ def differing(u, v) -> np.ndarray:
     (False, True)
   """
   diff = bits(u) != bits(v)
-  if np.asarray(u).dtype.kind == "f" or str(np.asarray(u).dtype) == "bfloat16":
+  if _is_float(np.asarray(u).dtype):
     nan_u, nan_v = np.isnan(np.asarray(u, np.float32)), np.isnan(np.asarray(v, np.float32))
     diff = np.where(nan_u & nan_v, False, diff | (nan_u != nan_v))
   return diff
@@ -95,7 +100,7 @@ def same_bits(a, b) -> tuple[bool, str]:
       first = np.unravel_index(int(np.argmax(diff)), diff.shape)
       where = first[0] if len(first) == 1 else tuple(int(i) for i in first)
       why = f"leaf {i}: {int(diff.sum())} of {diff.size} elements differ (first at index {where})"
-      if u.dtype.kind == "f" or str(u.dtype) == "bfloat16":
+      if _is_float(u.dtype):
         nan_only = int((np.isnan(u.astype(np.float32)) != np.isnan(v.astype(np.float32))).sum())
         why += f"; NaN in one only: {nan_only}" if nan_only else ""
       return False, why
