@@ -106,15 +106,15 @@ def summary_table(check: dict) -> str:
   lines = [head, "", "| stage | status | s / limit (compile, run) | figures (goal) |",
            "|---|---|---|---|"]
   for r in check["stages"]:
-    figures = "; ".join(format_figure(f, dry) for f in r.get("figures", []))
+    parts = [format_figure(f, dry) for f in r.get("figures", [])]
     checks = r.get("checks", {})
     if checks.get("passed") or checks.get("failed"):
-      figures = f"{checks['passed']}/{checks['passed'] + checks['failed']} checks ok" + (
-          f"; {figures}" if figures else "")
+      parts.insert(0, f"{checks['passed']}/{checks['passed'] + checks['failed']} checks ok")
     if r.get("error"):
-      figures = f"{figures}; {r['error']}" if figures else r["error"]
+      parts.append(r["error"])
     if r.get("cut_short"):
-      figures += f"; {len(r['cut_short'])} case(s) not run (time limit)"
+      parts.append(f"{len(r['cut_short'])} case(s) not run (time limit)")
+    figures = "; ".join(parts)
     split = (f" ({r.get('compile_s', 0):.0f}, {r.get('run_s', 0):.0f})"
              if r.get("compile_s") or r.get("run_s") else "")
     lines.append(f"| {r['letter']} {r.get('title', r.get('stage'))} | {r['status']} | "
