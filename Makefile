@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv test train clean venv-tf test-tf gpu-check
+.PHONY: venv test train clean venv-tf test-tf gpu-check gpu-bundle
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,15 +34,31 @@ train: venv
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
-# The GPU check (benchmarks/gpu_check): stages a-g, each with its own time limit, <= 10 minutes on
-# one H100/H200; writes runs/gpu_check/<gpu>.json and docs/results/gpu/<gpu>.md and prints the
-# summary table last. No venv dependency: a GPU machine's own Python with its CUDA JAX runs it
-# (`pip install --no-deps -e .`; README, "On a GPU machine that already has JAX"). DRY_RUN=1 runs
-# every stage on the CPU with tiny sizes and interpret-mode kernels (< 2 minutes; CI runs it).
+# The GPU check (benchmarks/gpu_check): stages a-g in the order a g b c e d f, each in its own
+# process with its own deadline, <= 540 s on one H100/H200 (one 600 s call). OUT=DIR gets
+# everything: report.md (rewritten as the check runs, so a killed run leaves a readable report),
+# <gpu>.json and the stage JSONs (flushed after every entry); default runs/gpu_check. No venv
+# dependency: a GPU machine's own Python with its CUDA JAX runs it (README, "On a GPU machine that
+# already has JAX"). BUNDLE=DIR (a folder written by `make gpu-bundle`) first installs the
+# bundle's wheels with `pip install --no-index --no-deps` (never touching the machine's JAX).
+# DRY_RUN=1 runs every stage on the CPU with tiny sizes and interpret-mode kernels (about a minute;
+# CI runs it). GPU_CHECK_ARGS passes more flags, e.g. "--stages gbc --total-limit 300".
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 DRY_RUN ?=
+OUT ?=
+BUNDLE ?=
 gpu-check:
-	$(GPU_PY) -m benchmarks.gpu_check $(if $(filter-out 0,$(DRY_RUN)),--dry-run) $(GPU_CHECK_ARGS)
+	$(if $(BUNDLE),$(GPU_PY) scripts/gpu_bundle.py install $(BUNDLE) &&) \
+	$(if $(BUNDLE),PYTHONPATH="$$($(GPU_PY) scripts/gpu_bundle.py site $(BUNDLE))") \
+	$(GPU_PY) -m benchmarks.gpu_check $(if $(filter-out 0,$(DRY_RUN)),--dry-run) \
+	$(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
+
+# The offline bundle for a GPU machine without a package index: BUNDLE=DIR (default
+# runs/gpu_bundle) gets lpjax's source and wheels of the pure-Python packages a stock CUDA-JAX
+# image lacks (scripts/gpu_bundle.py). Carry DIR there and run `make gpu-check BUNDLE=.. OUT=...`
+# from DIR/lpjax (DIR/README.txt says how).
+gpu-bundle:
+	$(GPU_PY) scripts/gpu_bundle.py build $(or $(BUNDLE),runs/gpu_bundle)
 
 # The optional TensorFlow extra (tf.data reading of tfrecord TFDS datasets) in its own venv, and
 # the tests that need it (CI runs the rest; these skip there).

@@ -1,5 +1,8 @@
 """Test data with the numerics contract's hard cases, and bit-for-bit comparison of results.
 
+Bit comparisons treat NaN as one category (any NaN matches any NaN; payload and sign bits are not
+compared), as docs/numerics.md states; everything else is compared bit for bit.
+
 The data follow tests/quant's oracle data (heavy-tailed rows over a wide exponent range, exact
 ties, signed zeros) plus NaN, Inf and subnormal inputs; everything is a pure function of a seed.
 """
@@ -49,14 +52,40 @@ def bits(a) -> np.ndarray:
   return a.view(width) if a.dtype.kind != "b" else a.astype(np.uint8)
 
 
+def _is_float(dtype) -> bool:
+  """numpy floats and ml_dtypes' (bfloat16, float8_*, float4_*, ...)."""
+  return dtype.kind == "f" or dtype.name.startswith(("float", "bfloat"))
+
+
+def differing(u, v) -> np.ndarray:
+  """Where two arrays of one shape and dtype differ: bit for bit (so -0 != +0), except that NaN
+  is one category (docs/numerics.md, "NaN payloads"): a NaN matches any NaN, whatever its sign
+  and payload bits (a GPU may canonicalise payloads in a bf16 / fp16 conversion), and a NaN
+  never matches a number.
+
+  Examples:
+    >>> nan_a, nan_b = np.float32([np.nan]), np.uint32([0xFFC00001]).view(np.float32)
+    >>> bool(differing(nan_a, nan_b).any()), bool(differing(nan_a, np.float32([1.0])).any())
+    (False, True)
+  """
+  diff = bits(u) != bits(v)
+  if _is_float(np.asarray(u).dtype):
+    nan_u, nan_v = np.isnan(np.asarray(u, np.float32)), np.isnan(np.asarray(v, np.float32))
+    diff = np.where(nan_u & nan_v, False, diff | (nan_u != nan_v))
+  return diff
+
+
 def same_bits(a, b) -> tuple[bool, str]:
-  """(True, '') when two pytrees of arrays agree bit for bit, else (False, what differs).
+  """(True, '') when two pytrees of arrays agree bit for bit (NaN as one category: `differing`),
+  else (False, what differs).
 
   Examples:
     >>> same_bits({"c": np.float32([1, -0.0])}, {"c": np.float32([1, 0.0])})
     (False, 'leaf 0: 1 of 2 elements differ (first at index 1)')
-    >>> same_bits([np.float32([np.nan])], [np.float32([np.nan])])
+    >>> same_bits([np.float32([np.nan])], [np.uint32([0x7FC00001]).view(np.float32)])
     (True, '')
+    >>> same_bits([np.float32([np.nan, 2])], [np.float32([1, 2])])
+    (False, 'leaf 0: 1 of 2 elements differ (first at index 0); NaN in one only: 1')
   """
   import jax
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
@@ -66,10 +95,13 @@ def same_bits(a, b) -> tuple[bool, str]:
     u, v = np.asarray(u), np.asarray(v)
     if u.shape != v.shape or u.dtype != v.dtype:
       return False, f"leaf {i}: {u.dtype}{list(u.shape)} vs {v.dtype}{list(v.shape)}"
-    diff = bits(u) != bits(v)
+    diff = differing(u, v)
     if diff.any():
       first = np.unravel_index(int(np.argmax(diff)), diff.shape)
       where = first[0] if len(first) == 1 else tuple(int(i) for i in first)
-      return False, (f"leaf {i}: {int(diff.sum())} of {diff.size} elements differ (first at "
-                     f"index {where})")
+      why = f"leaf {i}: {int(diff.sum())} of {diff.size} elements differ (first at index {where})"
+      if _is_float(u.dtype):
+        nan_only = int((np.isnan(u.astype(np.float32)) != np.isnan(v.astype(np.float32))).sum())
+        why += f"; NaN in one only: {nan_only}" if nan_only else ""
+      return False, why
   return True, ""

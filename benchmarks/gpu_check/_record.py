@@ -23,12 +23,21 @@ class Recorder:
     1
   """
 
-  def __init__(self, path: str, stage: str, *, deadline: float | None, dry_run: bool = False):
+  def __init__(self, path: str, stage: str, *, deadline: float | None, dry_run: bool = False,
+               hang: bool = False):
     self.path = path
     self.deadline = deadline  # time.time() after which a stage starts nothing new
+    self.hang = hang  # the rehearsal's forced hang: sleep for good after the first entry
     self.data = dict(stage=stage, dry_run=dry_run, checks=dict(passed=0, failed=0), failures=[],
-                     figures=[], tables={}, notes=[], cut_short=[], status="running")
+                     figures=[], tables={}, notes=[], cut_short=[], status="running",
+                     compile_s=0.0, run_s=0.0, pid=os.getpid())
     self.flush()
+
+  def add_time(self, *, compile_s: float = 0.0, run_s: float = 0.0) -> None:
+    """Adds to the stage's compile time (trace, lower, compile: first-run Triton compiles
+    included) and run time (the timed and checked executions), reported apart."""
+    self.data["compile_s"] += float(compile_s)
+    self.data["run_s"] += float(run_s)
 
   def time_left(self) -> float:
     return float("inf") if self.deadline is None else self.deadline - time.time()
@@ -43,9 +52,18 @@ class Recorder:
 
   def check(self, name: str, ok: bool, detail: str = "") -> None:
     self.data["checks"]["passed" if ok else "failed"] += 1
-    if not ok:
+    self.data.setdefault("passed_checks", [])
+    if ok:
+      self.data["passed_checks"].append(name)
+    else:
       self.data["failures"].append(dict(name=name, detail=detail))
     self.flush()
+    self._maybe_hang()
+
+  def _maybe_hang(self) -> None:
+    if self.hang:  # LPJAX_GPU_CHECK_HANG names this stage (benchmarks/gpu_check/__main__.py)
+      while True:
+        time.sleep(3600)
 
   def figure(self, name: str, value, unit: str = "", *, goal: str | None = None,
              met: bool | None = None) -> None:

@@ -7,6 +7,7 @@ Goals (issue 38): Pallas quantize RTN >= 70% of the copy's bandwidth, SR >= 60%.
 
 from __future__ import annotations
 
+import time
 
 RTN_GOAL, SR_GOAL = 0.70, 0.60
 
@@ -52,14 +53,15 @@ def _nbytes(tree) -> int:
   return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def _median_s(fn, *args, repeats: int) -> float:
-  """Median wall time after one warm-up call (benchmarks/timing.py; imports JAX, so lazily)."""
-  from benchmarks.timing import median_seconds
-  return median_seconds(fn, *args, repeats=repeats)
+def _median_s(fn, *args, repeats: int, rec=None) -> float:
+  """Median wall time after one warm-up call; the run time goes to `rec`."""
+  from benchmarks.gpu_check import _timing
+  return _timing.median_s(fn, *args, repeats=repeats, rec=rec)
 
 
 def _equal_on_device(a, b) -> bool:
-  """Bit equality computed on the device (no 1 GiB transfer to the host)."""
+  """Bit equality computed on the device (no 1 GiB transfer to the host), NaN as one category
+  (`_data.differing`: any NaN matches any NaN, never a number)."""
   import jax
   import jax.numpy as jnp
 
@@ -67,8 +69,11 @@ def _equal_on_device(a, b) -> bool:
     if u.shape != v.shape or u.dtype != v.dtype:
       return jnp.bool_(False)
     width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[u.dtype.itemsize]
-    return jnp.array_equal(jax.lax.bitcast_convert_type(u, width),
-                           jax.lax.bitcast_convert_type(v, width))
+    equal = (jax.lax.bitcast_convert_type(u, width) == jax.lax.bitcast_convert_type(v, width))
+    if jnp.issubdtype(u.dtype, jnp.floating):
+      nan_u, nan_v = jnp.isnan(u), jnp.isnan(v)
+      equal = jnp.where(nan_u & nan_v, True, equal & (nan_u == nan_v))
+    return jnp.all(equal)
 
   la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   return len(la) == len(lb) and all(bool(jax.jit(same)(u, v)) for u, v in zip(la, lb))
@@ -124,8 +129,10 @@ def run(rec, dry_run: bool) -> None:
         cases.append((fmt, name, arg))
         fns[(fmt, name, "pallas")], fns[(fmt, name, "xla")] = (kernel_fn, arg), (xla_fn, arg)
     fns[("-", "device copy", "xla")] = (jnp.negative, "x")
+    start = time.perf_counter()
     compiled = _compile_all(fns, args, workers=1 if dry_run else 8)
-    copy_s = _median_s(compiled[("-", "device copy", "xla")], x, repeats=repeats)  # one read, one write
+    rec.add_time(compile_s=time.perf_counter() - start)  # wall time of the parallel compiles
+    copy_s = _median_s(compiled[("-", "device copy", "xla")], x, repeats=repeats, rec=rec)
     copy_gbps = 2 * _nbytes(x) / copy_s / 1e9
     rec.row("bandwidth", elements=size, op="device copy", fmt="-", impl="xla",
             ms=copy_s * 1e3, gbps=copy_gbps, of_copy=1.0, same_bits="-")
@@ -144,7 +151,7 @@ def run(rec, dry_run: bool) -> None:
         del out_k, out_x
         rec.check(f"{fmt} {name} at {size}: same bits as XLA", same)
         for impl, fn in (("pallas", kernel_fn), ("xla", xla_fn)):
-          gbps = moved / _median_s(fn, arg, repeats=repeats) / 1e9
+          gbps = moved / _median_s(fn, arg, repeats=repeats, rec=rec) / 1e9
           rec.row("bandwidth", elements=size, op=name, fmt=fmt, impl=impl,
                   ms=moved / gbps / 1e6, gbps=gbps, of_copy=gbps / copy_gbps, same_bits=same)
           if impl == "pallas" and name in worst:

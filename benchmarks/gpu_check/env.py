@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -56,6 +57,10 @@ def describe() -> dict:
   info["nvidia_smi"] = _nvidia_smi()
   info["versions"] = {"jax": jax.__version__, **_versions()}
   info["optional_packages_missing"] = [m for m in OPTIONAL if importlib.util.find_spec(m) is None]
+  for module in ("lpjax", "ml_collections"):  # the machine's, or the bundle's site folder
+    spec = importlib.util.find_spec(module)
+    info[f"{module}_from"] = (os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+                              if spec and spec.origin else None)
   return info
 
 
@@ -73,3 +78,6 @@ def run(rec, dry_run: bool) -> None:
             "jax-cuda plugin installed, and JAX_PLATFORMS not set to cpu?)")
   import lpjax  # noqa: F401  (the package imports in this environment)
   rec.check("lpjax imports", True)
+  rec.check("ml_collections imports (stage f's configs)", info["ml_collections_from"] is not None,
+            "not importable: on a machine without a package index, run with the offline bundle "
+            "(make gpu-bundle here, make gpu-check BUNDLE=.. there; README)")

@@ -10,8 +10,11 @@ programs, not ~300. GEMMs are not compared: their float accumulation order is th
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
+
+from benchmarks.gpu_check import _timing
 
 from benchmarks.gpu_check._data import edge_data, extreme_data, same_bits
 from benchmarks.gpu_check._record import in_order
@@ -138,10 +141,15 @@ def run(rec, dry_run: bool) -> None:
   key = jax.random.key(1234)
 
   def both(group):  # XLA compiles outside the GIL: groups compile side by side in threads
-    fn = jax.jit(group_fn(group))
-    x = data[group.data]
-    return (jax.device_get(fn(*jax.device_put((x, key), device))),
-            jax.device_get(fn(*jax.device_put((x, key), cpu))))
+    fn, x = group_fn(group), data[group.data]
+    outs, compile_s, run_s = [], 0.0, 0.0
+    for where in (device, cpu):
+      args = jax.device_put((x, key), where)
+      exe, seconds = _timing.compiled(fn, *args)
+      start = time.perf_counter()
+      outs.append(jax.device_get(exe(*args)))
+      compile_s, run_s = compile_s + seconds, run_s + time.perf_counter() - start
+    return outs[0], outs[1], compile_s, run_s
 
   total = same = 0
   for group, result in in_order(rec, groups(dry_run), both, workers=1 if dry_run else 6,
@@ -149,7 +157,8 @@ def run(rec, dry_run: bool) -> None:
     if isinstance(result, Exception):
       rec.check(group.label, False, f"{type(result).__name__}: {result}"[:500])
       continue
-    on_device, on_cpu = result
+    on_device, on_cpu, compile_s, run_s = result
+    rec.add_time(compile_s=compile_s, run_s=run_s)  # summed over threads: CPU-seconds
     identical = 0
     for name in on_cpu:
       ok, why = same_bits(on_device[name], on_cpu[name])

@@ -9,7 +9,9 @@ a CPU, so every kernel and shape this stage compiles on a GPU is known to lower.
 from __future__ import annotations
 
 import dataclasses
+import time
 
+from benchmarks.gpu_check import _timing
 from benchmarks.gpu_check._data import edge_data, same_bits
 from benchmarks.gpu_check._record import in_order
 
@@ -158,13 +160,20 @@ def run(rec, dry_run: bool) -> None:
 
   def compare(case):
     x = jnp.asarray(edge_data(case.shape, 11, exp_range=8)).astype(case.dtype)
-    return same_bits(jax.jit(case.kernel)(x), jax.jit(case.xla)(x))
+    kernel, compile_k = _timing.compiled(case.kernel, x)
+    xla, compile_x = _timing.compiled(case.xla, x)
+    start = time.perf_counter()
+    ok_why = same_bits(jax.device_get(kernel(x)), jax.device_get(xla(x)))
+    return ok_why, compile_k + compile_x, time.perf_counter() - start
 
   same = total = 0
   for case, result in in_order(rec, kernel_cases(dry_run, interpret), compare,
                                workers=1 if dry_run else 6, label=lambda c: c.name):
-    ok, why = result if not isinstance(result, Exception) else (False, f"{type(result).__name__}: "
-                                                                 f"{result}"[:500])
+    if isinstance(result, Exception):
+      ok, why = False, f"{type(result).__name__}: {result}"[:500]
+    else:
+      (ok, why), compile_s, run_s = result
+      rec.add_time(compile_s=compile_s, run_s=run_s)  # summed over threads: CPU-seconds
     rec.check(case.name, ok, why)
     rec.row("kernels", case=case.name, shape="x".join(map(str, case.shape)), dtype=case.dtype,
             same_bits=ok)
@@ -178,7 +187,8 @@ def run(rec, dry_run: bool) -> None:
         continue
       x = jnp.asarray(edge_data(shape, 12, exp_range=8))
       try:
-        kernel_out, xla_out = jax.jit(fn)(x)
+        exe, _ = _timing.compiled(fn, x, rec=rec)
+        kernel_out, xla_out = _timing.run(exe, x, rec=rec)
         ok, why = same_bits(kernel_out, xla_out)
       except Exception as e:  # noqa: BLE001
         ok, why = False, f"{type(e).__name__}: {e}"[:500]

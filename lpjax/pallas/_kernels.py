@@ -154,6 +154,38 @@ def _decode(codes, scales, params_ref, fmt):
   return tc.decode(codes, scales, fmt, amax)
 
 
+def _stage_dot(v, stage):
+  return jnp.dot(v, stage, precision=jax.lax.Precision.HIGHEST)
+
+
+def _nonfinite_stage(xb, stage):
+  """One butterfly stage with IEEE semantics for Inf and NaN, from dots: each output column is
+  a + s * b (s = +-1), which a dot cannot give when a or b is not finite (0 * Inf is NaN). The
+  finite values go through the dot with the non-finite ones as 0; two small-integer dots count,
+  per output, the infinities by effective sign and the NaNs; then, as fl(a + s * b) does: any NaN
+  or two opposite infinities give NaN, otherwise an infinity gives itself."""
+  bits = fb.to_bits(xb) & U32(fb.ABS_MASK)
+  finite = bits < U32(fb.INF_BITS)
+  nan = bits > U32(fb.INF_BITS)
+  value = _stage_dot(jnp.where(finite, xb, F32(0)), stage)
+  signed_inf = jnp.where(finite | nan, F32(0), jnp.where(xb > 0, F32(1), F32(-1)))
+  count = jnp.where(finite, F32(0), jnp.where(nan, F32(4), F32(1)))  # infinities + 4 x NaNs
+  sign_sum = _stage_dot(signed_inf, stage)  # +-1, +-2 or 0 (no infinity, or opposite ones)
+  counts = _stage_dot(count, jnp.abs(stage))
+  out_nan = (counts >= 4) | ((counts == 2) & (sign_sum == 0))
+  out = jnp.where(sign_sum > 0, F32(np.inf), F32(-np.inf))
+  out = jnp.where(out_nan, F32(np.nan), out)
+  return jnp.where(counts == 0, value, out)
+
+
+def _butterfly_stage(xb, stage):
+  """xb @ stage, but with the butterflies' own Inf / NaN results (lpjax.quant.hadamard's): the
+  plain dot when the tile is finite, `_nonfinite_stage` (three dots) only for a tile holding an
+  Inf or NaN, checked before every stage (finite inputs may overflow to Inf in a stage)."""
+  worst = jnp.max(fb.to_bits(xb) & U32(fb.ABS_MASK))
+  return jax.lax.cond(worst < U32(fb.INF_BITS), _stage_dot, _nonfinite_stage, xb, stage)
+
+
 def _rotate(x, h_ref, signs_ref, direction, hadamard):
   """The RHT of a tile in float32, as lpjax.quant.hadamard computes it: the butterfly stages (one
   dot each with a stage matrix of h_ref), fl32(1 / sqrt(g)), zeros as +0, per rotation block."""
@@ -165,7 +197,7 @@ def _rotate(x, h_ref, signs_ref, direction, hadamard):
   else:  # the tile is one rotation block tall: rotate its columns, as rows like hadamard.py does
     xb = (x * signs[:, None]).T
   for i in range(n_stages):  # one load per stage (Triton has no rule for slicing a value)
-    xb = jnp.dot(xb, h_ref[i], precision=jax.lax.Precision.HIGHEST)
+    xb = _butterfly_stage(xb, h_ref[i])
   xb = xb * F32(hadamard_normalizer(g, np.float32))
   xb = jnp.where(xb == 0, F32(0), xb)
   y = xb.reshape(tm, tn) if direction == "rows" else xb.T

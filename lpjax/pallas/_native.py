@@ -87,9 +87,16 @@ def scaled_operands(q: QArray):
   return data, scales, global_scale
 
 
-def emulated_matmul(lhs: QArray, rhs: QArray, preferred_element_type=jnp.float32):
-  """lhs @ rhs^T over the last axes from the dequantized operands (a float32 GEMM)."""
-  a, b = dequantize(lhs, jnp.float32), dequantize(rhs, jnp.float32)
+def emulated_matmul(lhs: QArray, rhs: QArray, preferred_element_type=jnp.float32, *,
+                    impl: str = "xla"):
+  """lhs @ rhs^T over the last axes from the dequantized operands (a float32 GEMM).
+
+  The operands are dequantized by lpjax.quant's XLA path (`impl="xla"`, the default), not by
+  `impl="auto"`, which is the Pallas kernels on a GPU: this is the reference the native GEMM and
+  the FP4 GEMM kernel are checked against, so it must not go through a kernel under test.
+  """
+  a = dequantize(lhs, jnp.float32, impl=impl)
+  b = dequantize(rhs, jnp.float32, impl=impl)
   spec = "mk,nk->mn" if a.ndim == 2 else "bmk,bnk->bmn"
   out = jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST)
   return out.astype(preferred_element_type)

@@ -10,9 +10,10 @@ The rotation is `lpjax.quant.hadamard`'s fast Walsh-Hadamard transform: log2(g) 
 each here a float32 dot with a stage matrix (`quant._hadamard.butterfly_stages`) whose columns hold
 one exact a + b or a - b and exact zeros, so every backend's summation order gives XLA's values;
 then the same fl32(1 / sqrt(g)) and +0 for zeros. So `hadamard_quantize(x)` equals
-`quant.quantize(quant.hadamard(x))` bit for bit (checked in interpret mode by the tests). Inputs
-with Inf or NaN give non-finite values across their rotation block (NaN here, where the butterflies
-may give Inf), which quantize to the same NaN blocks.
+`quant.quantize(quant.hadamard(x))` bit for bit (checked in interpret mode by the tests). Inf and
+NaN inputs give the butterflies' own values too (docs/numerics.md §7, "Non-finite values in the
+Hadamard rotation"): a tile holding one takes `_kernels._nonfinite_stage`, which counts infinities
+and NaNs with exact integer-valued dots instead of letting 0 * Inf make NaN.
 
 Examples:
   >>> import jax, jax.numpy as jnp

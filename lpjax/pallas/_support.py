@@ -95,3 +95,32 @@ def normalize_axis(axis: int, shape, fmt) -> int:
     raise ValueError(f"Format {fmt} scales blocks along an axis; got a scalar. Use a per-tensor "
                      "format (e.g. 'fp8_e4m3') or reshape to rank >= 1.")
   return packing.normalize_axis(axis, len(shape))
+
+
+def _jax_version() -> tuple:
+  return tuple(int(p) for p in jax.__version__.split(".")[:2] if p.isdigit())
+
+
+def cuda_lowering_unavailable(version: tuple | None = None, gpu: bool | None = None) -> str | None:
+  """None when `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))` can lower the Triton
+  kernels on this machine; otherwise why not (the lowering tests skip with this reason).
+
+  jax 0.10's Pallas-Triton lowering falls back to compute capability 9.0 when there is no GPU, so
+  a CPU machine lowers for "cuda". From jax 0.11 the lowering asks the default device for its GPU
+  information and fails without one; lowering then needs a GPU (docs/pallas.md, "Newer JAX").
+
+  Examples:
+    >>> cuda_lowering_unavailable(version=(0, 10), gpu=False) is None
+    True
+    >>> cuda_lowering_unavailable(version=(0, 11), gpu=True) is None
+    True
+    >>> cuda_lowering_unavailable(version=(0, 11), gpu=False)[:58]
+    'jax 0.11 lowers Pallas-Triton kernels only with a GPU: its'
+  """
+  version = _jax_version() if version is None else tuple(version)
+  gpu = on_gpu() if gpu is None else gpu
+  if version < (0, 11) or gpu:
+    return None
+  return (f"jax {'.'.join(map(str, version))} lowers Pallas-Triton kernels only with a GPU: its "
+          "pallas_call lowering asks the default device for the compute capability (jax 0.10 "
+          "fell back to 9.0 without one); run these tests on a GPU machine")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -58,21 +59,28 @@ def fake_stages(tmp_path, monkeypatch):
   for name, body in FAKE_STAGES.items():
     (tmp_path / "fakes" / f"{name}.py").write_text(textwrap.dedent(body))
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # child_env puts the repository first
-  return lambda name, limit=30: _runner.Stage(name[5], f"fakes.{name}", name, limit, limit)
+  return lambda name, limit=30: _runner.Stage(name[5], f"fakes.{name}", name, limit)
 
 
-def test_a_failing_stage_never_stops_the_next(fake_stages, tmp_path):
-  stages = [fake_stages("fake_crash"), fake_stages("fake_hang", limit=6),
+def test_a_failing_stage_never_stops_the_next(fake_stages, tmp_path, monkeypatch):
+  monkeypatch.setattr(_runner, "MIN_STAGE_S", 1.0)  # short deadlines keep this test short
+  stages = [fake_stages("fake_crash", limit=5), fake_stages("fake_hang", limit=3),
             fake_stages("fake_raise"), fake_stages("fake_ok")]
+  updates = []
   results = _runner.run_all(stages, dry_run=True, workdir=str(tmp_path / "out"),
-                            total_limit_s=200, progress=lambda *a, **k: None)
+                            total_limit_s=68, progress=lambda *a, **k: None,
+                            on_update=lambda r: updates.append([x["status"] for x in r]))
   crash, hang, raised, ok = results
   assert [r["status"] for r in results] == ["fail", "fail", "fail", "pass"]
   assert "code 3" in crash["error"] and crash["figures"][0]["value"] == 1.0  # kept
-  assert "time limit" in hang["error"] and hang["seconds"] < 30  # killed, not waited for
+  # killed at its deadline: its own 3 s and what the crash left of its 5 s, not waited for
+  assert "time limit" in hang["error"] and hang["seconds"] < 8.5 and hang["killed"]
   assert hang["figures"][0]["name"] == "before the hang"
   assert "RESOURCE_EXHAUSTED" in raised["error"]
   assert ok["figures"][0]["value"] == "cpu"  # the dry run pins stage processes to the CPU
+  # The report was kept up to date: every stage not started at first, the hang seen running.
+  assert updates[0] == ["not started"] * 4 and ["fail", "running", "not started",
+                                                "not started"] in updates
 
 
 def test_the_whole_check_has_one_time_limit(fake_stages, tmp_path):
@@ -80,6 +88,20 @@ def test_the_whole_check_has_one_time_limit(fake_stages, tmp_path):
                             workdir=str(tmp_path / "out"), total_limit_s=4,
                             progress=lambda *a, **k: None)
   assert [r["status"] for r in results] == ["not run", "not run"]
+  assert "skipped for time" in results[0]["error"]
+
+
+def test_the_plan_runs_g_and_b_c_early_and_fits_540_s():
+  plan = _runner.in_plan_order(_runner.STAGES)
+  assert [s.letter for s in plan] == list("agbcedf")
+  assert sum(s.budget_s for s in _runner.STAGES) == _runner.PLAN_TOTAL_S == 540
+  ends = dict(zip((s.letter for s in plan), _runner.deadlines(plan, 540)))
+  assert ends["g"] <= 100 and ends["c"] <= 240 and ends["f"] == 540
+  # --total-limit scales the plan; --stages shares the whole total among the stages picked.
+  assert _runner.deadlines(plan, 120)[-1] == pytest.approx(120)
+  picked = _runner.in_plan_order([s for s in _runner.STAGES if s.letter in "bg"])
+  assert [s.letter for s in picked] == ["g", "b"]
+  assert _runner.deadlines(picked, 100) == pytest.approx([100 * 75 / 135, 100])
 
 
 def _check(dry_run):
@@ -107,20 +129,36 @@ def test_summary_prints_each_goal_beside_its_figure():
   assert _report.file_stem(_check(dry_run=False)) == "nvidia-h200"
 
 
-def test_same_bits_finds_one_flipped_bit_a_nan_payload_and_a_signed_zero():
+def test_same_bits_finds_one_flipped_bit_and_a_signed_zero():
   x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
   y = x.copy()
   y.view(np.uint32)[17, 3] ^= 1
   ok, why = _data.same_bits({"v": x}, {"v": y})
   assert not ok and "1 of 2048" in why and "(17, 3)" in why
   assert _data.same_bits((x,), (x.copy(),)) == (True, "")
-  assert not _data.same_bits([np.float32([np.nan])],
-                             [np.uint32([0x7FC00001]).view(np.float32)])[0]
   assert not _data.same_bits([np.float32([0.0])], [np.float32([-0.0])])[0]
   assert not _data.same_bits([x], [x.astype(np.float64)])[0]
 
 
-@pytest.mark.parametrize("module", ["_data", "_record", "_report"])
+def test_nan_payloads_are_one_category_but_nan_is_not_a_number():
+  """docs/numerics.md, "NaN payloads": a GPU may canonicalise NaN payloads (and signs) in a
+  bf16 / fp16 conversion; a NaN matches any NaN, never a number, and everything else is bits."""
+  import ml_dtypes
+  quiet, other = np.float32([np.nan, 1.0]), np.uint32([0xFFC00001, 0x3F800000]).view(np.float32)
+  assert _data.same_bits([quiet], [other]) == (True, "")
+  b16 = np.array([np.nan, 2.0], ml_dtypes.bfloat16)
+  b16_other = b16.copy()
+  b16_other.view(np.uint16)[0] = 0xFFC1
+  assert _data.same_bits([b16], [b16_other]) == (True, "")
+  ok, why = _data.same_bits([quiet], [np.float32([np.inf, 1.0])])
+  assert not ok and "NaN in one only: 1" in why
+  codes = np.uint8([0x7F, 1])  # integer codes are bits, whatever they would decode to
+  assert not _data.same_bits([codes], [np.uint8([0x7E, 1])])[0]
+  assert bandwidth._equal_on_device((jnp.asarray(quiet),), (jnp.asarray(other),))
+  assert not bandwidth._equal_on_device((jnp.asarray(quiet),), (jnp.float32([0.0, 1.0]),))
+
+
+@pytest.mark.parametrize("module", ["_data", "_record", "_report", "_runner"])
 def test_docstring_examples(module):
   result = doctest.testmod(importlib.import_module(f"benchmarks.gpu_check.{module}"),
                            optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -143,6 +181,11 @@ def _lowers_to_triton(fn, *args):
   """fn lowered for the "cuda" platform on this CPU (the spelling of jax 0.10-0.11) holds a
   Pallas Triton kernel (the custom call that jax 0.11 also names CUSTOM_CALL_TARGET_NAME)."""
   from jax.experimental.pallas import triton as pltriton
+
+  from lpjax.pallas import _support
+  reason = _support.cuda_lowering_unavailable()  # jax >= 0.11 without a GPU
+  if reason:
+    pytest.skip(reason)
   target = getattr(pltriton, "CUSTOM_CALL_TARGET_NAME", "xla.gpu.triton").split("$")[-1]
   traced = jax.jit(fn).trace(*args)
   return target in traced.lower(lowering_platforms=("cuda",)).as_text()
@@ -236,10 +279,94 @@ def test_the_stage_e_and_f_steps_lower_with_the_kernels_for_cuda(kernels_as_on_a
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import gemm_overhead
   bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-  tokens, d, ff = 8192, 2048, 5461  # stage e's MLP on a GPU
+  tokens, d, ff, _ = gemm.shapes(False)  # stage e's MLP on a GPU
   params = {"w_gate": bf16(d, ff), "w_up": bf16(d, ff), "w_down": bf16(ff, d)}
   assert _lowers_to_triton(gemm_overhead.make_step("mxfp4"), params, bf16(tokens, d),
                            jax.random.key(0))
   spec = next(s for s in steps.plan(False)[0] if s and s["recipe"] == "mxfp4")
   step, state, batch, key = steps.build_step(dict(spec, abstract=True))
   assert _lowers_to_triton(step, state, batch, key)
+
+
+def test_stage_e_shapes_give_the_kernels_real_tiles():
+  """ff = 5461 gave (32, 32) / (64, 8) tiles with pad and slice copies; every operand of stage
+  e's MLP now tiles as the kernels' default caps, unpadded, on both quantized axes."""
+  from lpjax.pallas import _plan
+  tokens, d, ff, _ = gemm.shapes(False)
+  for shape in ((tokens, d), (d, ff), (ff, d), (tokens, ff)):
+    for axis, direction, caps in ((1, "rows", _plan.ROWS_TILE), (0, "cols", _plan.COLS_TILE)):
+      view = _plan.make_view(shape, axis, 32, (direction,))
+      assert view.tile == caps and (view.m_pad, view.n_pad) == (view.m, view.n), (shape, axis)
+
+
+def _failing_for(fmt_or_recipe, real):
+  def fake(name, *args, **kw):
+    if name == fmt_or_recipe:
+      raise RuntimeError(f"forced failure of {name} (e.g. a Triton compile error)")
+    return real(name, *args, **kw)
+  return fake
+
+
+def test_stage_e_records_each_recipe_on_its_own(monkeypatch, tmp_path):
+  """A (recipe, quantizers) case that fails to compile is that case's failure: bf16 is still
+  compiled and timed, and the stage ends normally (it used to end at the first error)."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import gemm_overhead
+  monkeypatch.setattr(gemm_overhead, "make_step", _failing_for("mxfp4", gemm_overhead.make_step))
+  rec = _record.Recorder(str(tmp_path / "e.json"), "gemm", deadline=None, dry_run=True)
+  gemm.run(rec, dry_run=True)
+  assert [f["name"] for f in rec.data["failures"]] == ["mxfp4 (xla quantizers) compiles and runs"]
+  assert "forced failure of mxfp4" in rec.data["failures"][0]["detail"]
+  assert [r["recipe"] for r in rec.data["tables"]["mlp"]] == ["bf16"]
+  assert rec.data["tables"]["mlp"][0]["ms"] > 0 and rec.data["compile_s"] > 0
+
+
+def test_stage_g_records_each_format_on_its_own(monkeypatch, tmp_path):
+  """An MXFP4 failure in stage g no longer loses the NVFP4 case."""
+  monkeypatch.setattr(native, "_operands", lambda fmt, *a, real=native._operands, **k: (
+      _failing_for("mxfp4", real)(fmt, *a, **k)))
+  rec = _record.Recorder(str(tmp_path / "g.json"), "native", deadline=None, dry_run=True)
+  native.fp4_kernel(rec, dry_run=True)
+  assert [f["name"] for f in rec.data["failures"]] == ["FP4 GEMM kernel mxfp4"]
+  assert [r["fmt"] for r in rec.data["tables"]["fp4 gemm kernel"]] == ["nvfp4"]
+  assert rec.data["checks"]["passed"] == 2  # NVFP4: the bits, and the reference
+
+
+def test_stage_g_reference_never_goes_through_the_kernels(kernels_as_on_a_gpu, monkeypatch):
+  """With impl="auto" resolving to the Pallas kernels (as on a GPU), stage g's reference GEMM
+  still decodes with the XLA path: a kernel under test cannot check itself."""
+  from lpjax import pallas, quant
+  from lpjax.quant import backends
+  import types
+  backend = backends.KERNELS["pallas"]
+
+  def broken(*args, **kw):
+    raise AssertionError("the reference went through the Pallas dequantize kernel")
+
+  monkeypatch.setitem(backends.KERNELS, "pallas", types.SimpleNamespace(
+      **{**vars(backend), "dequantize": broken}))
+  qa = quant.quantize(jax.random.normal(jax.random.key(0), (16, 64)), "nvfp4", impl="xla")
+  qb = quant.quantize(jax.random.normal(jax.random.key(1), (8, 64)), "nvfp4", impl="xla")
+  with pytest.raises(AssertionError, match="Pallas dequantize"):
+    quant.dequantize(qa, impl="auto")  # the setting is live: auto would take the kernel
+  ref = pallas.native.emulated_matmul(qa, qb)  # its default decode is the XLA path
+  want = np.asarray(quant.dequantize(qa, impl="xla"), np.float64) @ np.asarray(
+      quant.dequantize(qb, impl="xla"), np.float64).T
+  np.testing.assert_allclose(np.asarray(ref), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(native.reference(qa, qb)), np.asarray(ref))
+
+
+def test_stage_f_counts_a_run_cut_off_by_the_deadline_as_skipped_not_failed(monkeypatch, tmp_path):
+  def fake_run_one(spec, timeout_s, workdir):
+    if spec["recipe"] == "bf16":
+      return dict(spec, ok=True, step_s=1.0, tokens_per_s=1.0, compile_s=1.0, lower_s=1.0)
+    return dict(spec, ok=False, timed_out=True, error=f"not finished within {timeout_s:.0f} s")
+
+  monkeypatch.setattr(steps, "run_one", fake_run_one)
+  rec = _record.Recorder(str(tmp_path / "f.json"), "steps", deadline=time.time() + 30,
+                         dry_run=True)
+  steps.run(rec, dry_run=True)  # the dry run's cap is 120 s: 30 s left is the stage's deadline
+  assert rec.data["checks"] == dict(passed=1, failed=0)
+  assert rec.data["cut_short"][0].startswith("tiny mxfp4 (stopped at the stage's deadline")
+  check = _report.summarize([dict(rec.data, letter="f", status="pass")], dry_run=True, seconds=1)
+  assert not check["passed"] and "INCOMPLETE (2 skipped for time" in _report.summary_table(check)

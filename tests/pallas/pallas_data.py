@@ -57,6 +57,20 @@ def assert_same_bits(actual, expected, what):
                          f"{actual[first]!r}, want {expected[first]!r}")
 
 
+def assert_same_values(actual, expected, what):
+  """Bit for bit, except that NaN is one category (docs/numerics.md, "NaN payloads"): a NaN
+  matches any NaN, whatever its sign and payload bits."""
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  nan_a, nan_e = np.isnan(actual), np.isnan(expected)
+  if (nan_a != nan_e).any():
+    first = tuple(int(i) for i in np.argwhere(nan_a != nan_e)[0])
+    raise AssertionError(f"{what}: NaN in one and not the other at {int((nan_a != nan_e).sum())} "
+                         f"places; first at {first}: got {actual[first]!r}, want "
+                         f"{expected[first]!r}")
+  assert_same_bits(np.where(nan_a, 0, actual).astype(actual.dtype),
+                   np.where(nan_e, 0, expected).astype(expected.dtype), what)
+
+
 def assert_same_qarray(q, ref, what):
   assert (q.shape, q.axis, q.fmt, q.dtype) == (ref.shape, ref.axis, ref.fmt, ref.dtype), what
   assert_same_bits(q.codes, ref.codes, f"{what} codes")

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pallas_data import (FORMATS, MX, ROUNDINGS, assert_same_bits, assert_same_qarray,  # noqa: E402
-                         key_kw, needs_gpu_unless, special_data)
+                         assert_same_values, key_kw, needs_gpu_unless, special_data)
 
 from lpjax import pallas, quant  # noqa: E402
 from lpjax.quant.gemm import operand  # noqa: E402
@@ -166,14 +166,33 @@ class TestKernels:
     # Exactly "rotate in the kernel, then quantize" (every backend) ...
     assert_same_qarray(r["q"], r["q_of_y"], f"rht {fmt} vs its rotation")
     assert_same_bits(r["f"], r["f_of_y"], f"rht fake {fmt}")
-    # ... and that rotation is lpjax.quant.hadamard's bit for bit (the same butterfly stages):
-    # finite values are identical, non-finite ones non-finite in both (Inf or NaN), so the
-    # quantized operands are identical too.
-    y, xla_y = np.asarray(r["y"]), np.asarray(r["xla_y"])
-    finite = np.isfinite(xla_y)
-    np.testing.assert_array_equal(np.isfinite(y), finite)
-    assert_same_bits(y[finite], xla_y[finite], f"rht {fmt} rotation vs xla")
+    # ... and that rotation is lpjax.quant.hadamard's bit for bit (the same butterfly stages,
+    # Inf and NaN included; NaN as one category), so the quantized operands are identical too.
+    assert_same_values(r["y"], r["xla_y"], f"rht {fmt} rotation vs xla")
     assert_same_qarray(r["q"], r["q_of_xla_y"], f"rht {fmt} vs xla rotation, then quantize")
+
+  @pytest.mark.parametrize("block,axis", [(128, 0), (128, -1), (16, -1)])
+  def test_hadamard_non_finite_blocks_match_the_butterflies(self, block, axis):
+    """Inf and NaN inputs give lpjax.quant.hadamard's values (docs/numerics.md, "Non-finite
+    values in the Hadamard rotation"): one -Inf in a block makes the block +-Inf (not NaN, as a
+    dot with the 0/+-1 stage matrices would), opposite infinities that meet give NaN, a NaN
+    makes the block NaN, and finite values that overflow in a stage go on as Inf."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((4 * block, 16)).astype(np.float32)  # blocks down the rows
+    x[3, 0] = -np.inf  # block 0 of column 0: one -Inf alone
+    x[5, 1], x[block - 1, 1] = np.inf, -np.inf  # opposite infinities in one block
+    x[2, 2], x[7, 2] = np.inf, np.inf  # two +Inf
+    x[block + 1, 3] = np.nan
+    x[2 * block:2 * block + 2, 4] = [3.0e38, 3.0e38]  # finite, overflows in the first stage
+    x[2 * block:2 * block + 2, 5] = [3.0e38, -3.0e38]
+    x[3 * block, 6], x[3 * block + 9, 6] = np.inf, 3.4e38
+    x = jnp.asarray(x if axis == 0 else np.ascontiguousarray(x.T))
+    signs = quant.random_signs(jax.random.key(22), block)
+    y = jax.jit(lambda v: pallas.hadamard(v, block, axis=axis, signs=signs,
+                                          interpret=self.INTERPRET))(x)
+    ref = jax.jit(lambda v: quant.hadamard(v, block, axis=axis, signs=signs))(x)
+    assert np.isinf(np.asarray(ref)).any() and np.isnan(np.asarray(ref)).any()  # both kinds
+    assert_same_values(y, ref, f"RHT-{block} axis {axis} with Inf / NaN")
 
   def test_hadamard_fake_quant_gradient_is_the_rotation(self):
     x = jnp.asarray(special_data((8, 40), seed=16)[:4])

@@ -1,5 +1,8 @@
 """Every kernel lowers to Triton IR, checked on a CPU machine by lowering for the "cuda" platform.
 
+Under jax >= 0.11 the lowering needs a GPU (`_support.cuda_lowering_unavailable`): these tests
+skip with that reason on a CPU machine there, and run on a GPU machine.
+
 This runs JAX's Pallas-to-Triton lowering (every primitive needs a Triton rule; loads, stores and
 intermediate arrays need power-of-two sizes; reductions and dots are verified as Triton ops), but
 not Triton's own compiler or the GPU: a GPU run of test_pallas_kernels.py is the full check.
@@ -10,6 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from lpjax import pallas, quant
+from lpjax.pallas import _support
 
 KEY = jax.random.key(0)
 SIGNS = jnp.ones((16,), jnp.float32)
@@ -49,6 +53,9 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernel_lowers_to_triton(name):
+  reason = _support.cuda_lowering_unavailable()  # jax >= 0.11 without a GPU
+  if reason:
+    pytest.skip(reason)
   x = jnp.zeros((128, 256), jnp.bfloat16)
   text = jax.jit(CASES[name]).trace(x).lower(lowering_platforms=("cuda",)).as_text()
   assert "xla.gpu.triton" in text  # the Triton backend, not Mosaic GPU (JAX's default)
@@ -77,3 +84,14 @@ def test_kernels_never_divide_floats(name):
   float_divs = [e for e in eqns if e.primitive.name in ("div", "rem") and any(
       jnp.issubdtype(v.aval.dtype, jnp.floating) for v in e.invars if hasattr(v, "aval"))]
   assert not float_divs
+
+
+def test_cuda_lowering_needs_a_gpu_from_jax_0_11():
+  """The lowering tests run under the pinned jax 0.10 on a CPU and skip, with a reason, where a
+  jax >= 0.11 has no GPU to ask."""
+  import jax as _jax
+  if tuple(int(p) for p in _jax.__version__.split(".")[:2]) < (0, 11):
+    assert _support.cuda_lowering_unavailable() is None
+  assert _support.cuda_lowering_unavailable(version=(0, 10), gpu=False) is None
+  assert "only with a GPU" in _support.cuda_lowering_unavailable(version=(0, 11, 2), gpu=False)
+  assert _support.cuda_lowering_unavailable(version=(0, 12), gpu=True) is None
