@@ -180,3 +180,8 @@ class TupleClassifier(nn.Module):
 
 def tuple_classifier(num_classes):
   return TupleClassifier(num_classes)
+
+
+def padded_lm():
+  """A vocabulary padded to 264 columns written into the model (the byte data has 257)."""
+  return LinenLM(264)
