@@ -303,15 +303,10 @@ class UserModel:
       f = self.forward(None, train=train)
       try:
         out = jax.eval_shape(lambda p, s, x: f(p, s, x, key)[0], *self._abstract, x)
-      except flax.errors.InvalidRngError as e:
+      except (flax.errors.InvalidRngError, flax.errors.ModifyScopeVariableError) as e:
         if train:
           raise
-        raise cfg_lib.ConfigError(
-            f"model.factory={self.spec!r}: in evaluation the model still draws random numbers "
-            f"({str(e).split(' (https')[0]}), so evaluation would not be deterministic. Give its "
-            "__call__ a `train` (or `deterministic`) argument and pass it on, e.g. "
-            "nn.Dropout(rate, deterministic=not train): the trainer passes train=True in training "
-            "and train=False in evaluation.") from None
+        raise cfg_lib.ConfigError(self._not_deterministic(e)) from None
       mode = "training" if train else "evaluation"
       inputs = f"inputs {x.shape} {x.dtype}"
       if not isinstance(out, jax.ShapeDtypeStruct):
@@ -330,6 +325,22 @@ class UserModel:
             f"model.factory={self.spec!r}: in {mode} the model maps {inputs} to logits "
             f"{tuple(out.shape)}; the {self.task} task expects "
             f"{axes} = {tuple(shape)}.{hint}")
+
+
+  def _not_deterministic(self, error) -> str:
+    """The message for a linen model that, in evaluation mode, still draws random numbers
+    (dropout) or updates its statistics (BatchNorm): it has no switch the trainer knows."""
+    what = str(error).split(" (https")[0].rstrip(".")
+    if isinstance(error, flax.errors.InvalidRngError):
+      return (f"model.factory={self.spec!r}: in evaluation the model still draws random numbers "
+              f"({what}), so evaluation would not be deterministic. Give its __call__ a `train` "
+              "(or `deterministic`) argument and pass it on, e.g. nn.Dropout(rate, "
+              "deterministic=not train): the trainer passes train=True in training and "
+              "train=False in evaluation.")
+    return (f"model.factory={self.spec!r}: in evaluation the model still updates its statistics "
+            f"({what}). Give its __call__ a `train` argument and pass it on, e.g. "
+            "nn.BatchNorm(use_running_average=not train): the trainer passes train=True in "
+            "training and train=False in evaluation.")
 
 
 def _mode_kwargs(module, train: bool) -> dict:

@@ -106,6 +106,11 @@ CASES = [
          lambda t: _trainer(t, _cls("linen_dropout_no_switch")),
          Raises(CE, "in evaluation the model still draws random numbers (Dropout_0 needs PRNG "
                     "for \"dropout\")")),
+    Case("evaluation", "BatchNorm that no argument switches to its running averages",
+         lambda t: _trainer(t, _cls("linen_batchnorm_no_switch")),
+         Raises(CE, "in evaluation the model still updates its statistics (Cannot update "
+                    "variable \"mean\" in \"/BatchNorm_0\" because collection \"batch_stats\" "
+                    "is immutable). Give its __call__ a `train` argument")),
     Case("evaluation", "a dropout switch that is a module field",
          lambda t: _builds(t, _cls("linen_dropout_field"), "linen"),
          Holds("LinenDropoutField(deterministic=True) in evaluation")),

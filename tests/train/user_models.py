@@ -185,3 +185,17 @@ def tuple_classifier(num_classes):
 def padded_lm():
   """A vocabulary padded to 264 columns written into the model (the byte data has 257)."""
   return LinenLM(264)
+
+
+class LinenBatchNormNoSwitch(nn.Module):
+  """BatchNorm in batch-statistics mode always: evaluation would update the statistics."""
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.BatchNorm(use_running_average=False)(nn.Conv(8, (3, 3))(x))
+    return nn.Dense(self.num_classes)(jnp.mean(x, axis=(1, 2)))
+
+
+def linen_batchnorm_no_switch(num_classes):
+  return LinenBatchNormNoSwitch(num_classes)
