@@ -218,8 +218,8 @@ class UserModel:
     function, every GEMM through `policy` (None: the model's own GEMMs, no interception). `key`:
     the step's key, both the quantization's (stochastic rounding) and, folded, the model's
     dropout masks. Evaluation (`train=False`) is deterministic: NNX models run in `eval()` mode,
-    linen models get `train=False` / `deterministic=True` (by their own argument's name) and no
-    rng streams."""
+    linen models get no rng streams; both get `train=False` / `deterministic=True` when their
+    `__call__` takes such an argument (by its own name)."""
     if self._nnx:
       return self._nnx_forward(policy, train)
     module = self._module_in(train)
@@ -247,6 +247,7 @@ class UserModel:
 
   def _nnx_forward(self, policy, train):
     graphdef = self._graphdef
+    mode = _mode_kwargs(self._module, train)  # a `train` / `deterministic` argument, if any
 
     def call(params, model_state, rng_state, inputs):
       # merged and split in the same trace as the call: BatchNorm's statistics and the dropout
@@ -255,7 +256,7 @@ class UserModel:
                         *([model_state] if model_state is not None else []))
       if not train:
         model.eval()
-      logits = model(inputs)
+      logits = model(inputs, **mode)
       new = nnx.split(model, nnx.Param, nnx.RngState, nnx.Intermediate, ...)[-1]
       return logits, (new if model_state is not None else None)
 

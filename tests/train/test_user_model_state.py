@@ -37,6 +37,7 @@ CASES = [
     ("classification", "nnx_batchnorm_cnn", "mxfp4", True),  # nnx.BatchNorm + nnx.Dropout
     ("classification", "linen_dropout_field", "bf16", False),  # the switch is a module field
     ("classification", "linen_cnn", "bf16", True),  # nn.BatchNorm, `train` argument
+    ("classification", "nnx_train_argument", "bf16", False),  # NNX __call__(x, train)
 ]
 
 
@@ -71,15 +72,16 @@ def test_trains_evaluates_and_resumes_exactly(tmp_path, task, factory, recipe, s
     assert state is None  # dropout's rng streams are drawn per step, not carried as state
 
 
-@pytest.mark.parametrize("factory", ["linen_dropout_lm", "nnx_dropout_lm"])
-def test_dropout_is_on_in_training_and_off_in_evaluation(tmp_path, factory):
-  trainer = Trainer(small(steps=1, **{"model.factory": f"user_models:{factory}"}),
-                    str(tmp_path))
-  user = trainer.task.user
+@pytest.mark.parametrize("task,factory", [("lm", "linen_dropout_lm"), ("lm", "nnx_dropout_lm"),
+                                          ("classification", "linen_dropout_field"),
+                                          ("classification", "nnx_train_argument")])
+def test_dropout_is_on_in_training_and_off_in_evaluation(tmp_path, task, factory):
+  user = Trainer(_config(task, factory, "bf16"), str(tmp_path)).task.user
   params, state = user.init_variables(jax.random.key(0))
-  tokens = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
+  inputs = (jnp.arange(64, dtype=jnp.int32).reshape(2, 32) if task == "lm" else
+            jax.random.uniform(jax.random.key(3), (2, 8, 8, 1)))
   out = lambda train, key: np.asarray(user.forward(None, train=train)(
-      params, state, tokens, jax.random.key(key))[0])
+      params, state, inputs, jax.random.key(key))[0])
   assert not np.array_equal(out(True, 1), out(True, 2))  # new masks each step
   assert np.array_equal(out(True, 1), out(True, 1))  # the same step, the same masks (resume)
   assert np.array_equal(out(False, 1), out(False, 2))  # evaluation: no masks

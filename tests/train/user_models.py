@@ -199,3 +199,21 @@ class LinenBatchNormNoSwitch(nn.Module):
 
 def linen_batchnorm_no_switch(num_classes):
   return LinenBatchNormNoSwitch(num_classes)
+
+
+class NNXTrainArgument(nnx.Module):
+  """An NNX classifier whose __call__ takes `train` (no default) and passes it to dropout."""
+
+  def __init__(self, num_classes, image_shape, rngs):
+    size = image_shape[0] * image_shape[1] * image_shape[2]
+    self.up = nnx.Linear(size, 32, rngs=rngs)
+    self.drop = nnx.Dropout(0.3, rngs=rngs)
+    self.head = nnx.Linear(32, num_classes, rngs=rngs)
+
+  def __call__(self, x, train):
+    h = nnx.relu(self.up(x.reshape(x.shape[0], -1)))
+    return self.head(self.drop(h, deterministic=not train))
+
+
+def nnx_train_argument(num_classes, image_shape, rngs):
+  return NNXTrainArgument(num_classes, image_shape, rngs)
