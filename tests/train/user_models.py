@@ -217,3 +217,66 @@ class NNXTrainArgument(nnx.Module):
 
 def nnx_train_argument(num_classes, image_shape, rngs):
   return NNXTrainArgument(num_classes, image_shape, rngs)
+
+
+# --- dropout inside a scan over blocks (issue 48) -------------------------------------------------
+
+
+class _DropoutBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.lin = nnx.Linear(32, 32, rngs=rngs)
+    self.drop = nnx.Dropout(0.2, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.drop(nnx.gelu(self.lin(x)))
+
+
+class NNXScanDropoutLM(nnx.Module):
+  """Three blocks stacked by nnx.vmap and applied by nnx.scan; each holds a dropout stream (its
+  keys stacked too)."""
+
+  def __init__(self, vocab_size, rngs, blocks=3):
+    self.embed = nnx.Embed(vocab_size, 32, rngs=rngs)
+
+    @nnx.split_rngs(splits=blocks)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+      return _DropoutBlock(rngs)
+
+    self.blocks = create(rngs)
+    self.lm_head = nnx.Linear(32, vocab_size, rngs=rngs)
+
+  def __call__(self, tokens):
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def body(x, block):
+      return block(x)
+
+    return self.lm_head(body(self.embed(tokens), self.blocks))
+
+
+def nnx_scan_dropout_lm(vocab_size, rngs):
+  return NNXScanDropoutLM(vocab_size, rngs)
+
+
+class _LinenDropoutBlock(nn.Module):
+  train: bool
+
+  @nn.compact
+  def __call__(self, x, _):
+    return x + nn.Dropout(0.2, deterministic=not self.train)(nn.gelu(nn.Dense(32)(x))), None
+
+
+class LinenScanDropoutLM(nn.Module):
+  """nn.scan over three blocks with split dropout streams; the switch is named `training`."""
+  vocab_size: int
+
+  @nn.compact
+  def __call__(self, tokens, training: bool = False):
+    blocks = nn.scan(_LinenDropoutBlock, variable_axes={"params": 0},
+                     split_rngs={"params": True, "dropout": True}, length=3)
+    x, _ = blocks(training, name="blocks")(nn.Embed(self.vocab_size, 32)(tokens), None)
+    return nn.Dense(self.vocab_size, name="lm_head")(x)
+
+
+def linen_scan_dropout_lm(vocab_size):
+  return LinenScanDropoutLM(vocab_size)
