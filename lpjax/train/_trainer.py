@@ -39,6 +39,7 @@ from lpjax.train._tasks import make_task
 from lpjax.train._workdir_lock import WorkdirLock
 
 FP_RECIPE = "fp32"  # evaluation with quantization off
+QUANT_REPORT = "quant_report.txt"  # the call-site report of a model.factory run, in the workdir
 log = logging.getLogger("lpjax.train")
 
 
@@ -211,6 +212,7 @@ class Trainer:
     done = self._results_if_complete(state)
     if done is not None:
       return done
+    self._announce_model(state)
     self.precision.load(meta.get("precision", {}))
     rollbacks = int(meta.get("rollbacks", 0))
     writer = MetricWriter(self.workdir, enabled=self.is_main, resume_step=int(state.step))
@@ -259,6 +261,22 @@ class Trainer:
     if self.is_main:
       results = write_results(self.workdir, results)
     return results
+
+  def _announce_model(self, state):
+    """Logs the model and its parameter count; for a model quantized by interception
+    (model.factory), logs the call-site report of the run's policy and writes it to
+    <workdir>/quant_report.txt: which GEMMs are quantized, which kept in high precision, and why."""
+    if not self.is_main:
+      return
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    log.info("Model: %s, %s parameters.", self.task.model_description(), f"{count:,}")
+    report = self.task.quant_report(self.precision.policy)
+    if report is not None:
+      text = (f"GEMM call sites of recipe {self.config.quant.recipe} (model.factory, quantized by "
+              f"interception; traced on one example):\n{report}\n")
+      log.info("%s", text.rstrip())
+      with open(os.path.join(self.workdir, QUANT_REPORT), "w") as f:
+        f.write(text)
 
   def _results_if_complete(self, state):
     """The saved results when the workdir's run already reached config.steps, else None.

@@ -77,3 +77,14 @@ class Task(abc.ABC):
   def describe(self) -> dict:
     """Fields for results.json that identify the run (model, data)."""
     return {}
+
+  def model_description(self) -> str:
+    """The model, as the log names it at the start of a run."""
+    return str(self.describe().get("model", self.name))
+
+  def quant_report(self, policy):
+    """The `lpjax.quant.Report` of the model's GEMM call sites under `policy` (which are
+    quantized, which kept and why), for a model quantized by interception (`model.factory`);
+    None for lpjax's own models (their layers choose each GEMM's recipe themselves)."""
+    del policy
+    return None

@@ -23,7 +23,7 @@ import optax
 
 from lpjax.models import resnet
 from lpjax.train._tasks.images import ImageTask
-from lpjax.train._user_model import user_model
+from lpjax.train._user_model import Expected, user_model
 
 SMALL_IMAGES = 64  # images up to this side get the small (3x3/1, no max-pool) stem by default
 
@@ -41,9 +41,11 @@ class ClassificationTask(ImageTask):
         stem=m.stem or ("small" if height <= SMALL_IMAGES else "imagenet"),
         compute_dtype=m.compute_dtype, param_dtype=m.param_dtype)
     # the user's own model (model.factory), its GEMMs quantized by interception; else a ResNet
-    self.user = user_model(config, dict(num_classes=self.model_config.num_classes,
+    classes = self.model_config.num_classes
+    self.user = user_model(config, dict(num_classes=classes,
                                         image_shape=tuple(self.dataset.image_shape)),
-                           jnp.zeros((1,) + tuple(self.dataset.image_shape), jnp.float32))
+                           jnp.zeros((1,) + tuple(self.dataset.image_shape), jnp.float32),
+                           Expected("(batch, num_classes)", (2, classes), "model.num_classes"))
     if self.user is not None:
       self.partition_rules = self.user.partition_rules
       self._apply = self._user_apply
@@ -87,4 +89,11 @@ class ClassificationTask(ImageTask):
     return {"loss": sums["loss_sum"] / n, "top1": sums["top1_sum"] / n, "top5": sums["top5_sum"] / n}
 
   def describe(self):
-    return {**super().describe(), "eval_examples": self.dataset.eval_size}
+    model = {"model": self.config.model.factory} if self.user is not None else {}
+    return {**super().describe(), **model, "eval_examples": self.dataset.eval_size}
+
+  def model_description(self):
+    return self.user.describe() if self.user is not None else super().model_description()
+
+  def quant_report(self, policy):
+    return self.user.report(policy) if self.user is not None else None

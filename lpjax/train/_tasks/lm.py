@@ -23,7 +23,7 @@ from lpjax import data as lpdata
 from lpjax.models import llama
 from lpjax.train import config as cfg_lib
 from lpjax.train._tasks.base import Task
-from lpjax.train._user_model import user_model
+from lpjax.train._user_model import Expected, user_model
 
 
 def cross_entropy(logits, targets):
@@ -118,9 +118,11 @@ class LanguageModelTask(Task):
                                        encoding=d.encoding, encoding_errors=d.encoding_errors)
     self.model_config = llama_config_of(config, self.dataset.vocab_size)
     # the user's own model (model.factory), its GEMMs quantized by interception; else LLaMA
-    self.user = user_model(config, dict(vocab_size=self.model_config.vocab_size,
-                                        seq_len=config.seq_len),
-                           jnp.zeros((1, config.seq_len), jnp.int32))
+    vocab = self.model_config.vocab_size
+    self.user = user_model(config, dict(vocab_size=vocab, seq_len=config.seq_len),
+                           jnp.zeros((1, config.seq_len), jnp.int32),
+                           Expected("(batch, seq_len, vocab_size)", (2, config.seq_len, vocab),
+                                    "model.vocab_size"))
     if self.user is not None:
       if config.model.vocab_chunks > 1:
         raise cfg_lib.ConfigError("model.vocab_chunks needs lpjax's LLaMA (its head apart from "
@@ -186,3 +188,11 @@ class LanguageModelTask(Task):
     if self.user is not None:
       return {"model": self.config.model.factory}
     return {"model": self.config.model.size}
+
+  def model_description(self):
+    if self.user is not None:
+      return self.user.describe()
+    return f"lpjax LLaMA {self.config.model.size}"
+
+  def quant_report(self, policy):
+    return self.user.report(policy) if self.user is not None else None
