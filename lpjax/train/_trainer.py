@@ -115,8 +115,8 @@ class Trainer:
     meta = meta or {}
     log.info("Resumed from %s at step %d.", self.checkpointer.directory, step)
     if meta.get("config") is not None:
-      changes = config_changes(meta["config"], self.flat_config)
-      if changes:
+      self.resume_changes = changes = config_changes(meta["config"], self.flat_config)
+      if changes and int(step) < self.config.steps:
         log.warning("Resuming step %d with config changes: %s.", step, ", ".join(changes))
     return restored, meta
 
@@ -271,8 +271,16 @@ class Trainer:
     results = read_results(self.workdir)
     if results is None or results.get("steps") != int(state.step):
       return None
-    log.info("The run in %s is already complete (step %d of %d); nothing was changed. Raise "
-             "--config.steps to train further.", self.workdir, int(state.step), self.config.steps)
+    changes = [c for c in getattr(self, "resume_changes", []) if not c.startswith("steps ")]
+    if changes:  # another experiment asked of a finished run: it belongs in a new workdir
+      log.warning("The run in %s is already complete (step %d of %d) with another config than "
+                  "this command's (%s); nothing was changed. To train with this config, give a "
+                  "new --workdir (e.g. %s-2); to train this run further, raise --config.steps.",
+                  self.workdir, int(state.step), self.config.steps, ", ".join(changes[:4]) +
+                  (", ..." if len(changes) > 4 else ""), self.workdir.rstrip(os.sep))
+    else:
+      log.info("The run in %s is already complete (step %d of %d); nothing was changed. Raise "
+               "--config.steps to train further.", self.workdir, int(state.step), self.config.steps)
     self.final_state = state
     self.checkpointer.close()
     return results
