@@ -115,12 +115,17 @@ def main(argv):
     print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "
           "resumes it: run the same command again.")
     sys.exit(128 + results["signal"] if results.get("signal") else 0)
-  print(f"\nResults: {os.path.join(os.path.abspath(workdir), 'results.json')}")
-  print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')}")
   from lpjax.train import tensorboard_command
-  print(f"TensorBoard: {tensorboard_command(os.path.join(workdir, 'tensorboard'))}")
-  print({k: v for k, v in results.items() if k.startswith("final_") or k in ("steps", "wall_time_s")})
+  from lpjax.train._results import format_summary
 
+  python = os.path.relpath(sys.executable)
+  python = python if not python.startswith("..") else "python"
+  overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+  commands = _cli.next_commands(flags.FLAGS["config"].config_filename, workdir,
+                                str(results.get("recipe", "")), overrides, python)
+  commands.append((tensorboard_command(os.path.join(workdir, "tensorboard")),
+                   "the curves in TensorBoard"))
+  print("\n" + format_summary(results, os.path.abspath(workdir), commands), end="")
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])

@@ -124,3 +124,12 @@ def test_python_requirement_is_311_everywhere():
   assert 'requires-python = ">=3.11"' in (ROOT / "pyproject.toml").read_text()
   readme = (ROOT / "README.md").read_text()
   assert "3.10" not in readme and "Python 3.11" in readme
+
+
+def test_make_plot_runs_lpjax_plot_on_the_given_runs(tmp_path):
+  venv = _venv(tmp_path, stamps=(".installed", ".installed-plot"), age=10)
+  r = _make("-n", "plot", f"VENV={venv}", "RUNS=runs/a runs/b", "OUT=x.png")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip().splitlines()[-1] == f"{venv}/bin/python -m lpjax.plot runs/a runs/b --out=x.png"
+  assert _installs("plot", _venv(tmp_path / "fresh", stamps=(".installed",), age=10)) == [
+      "requirements-plot.txt"]  # plotting adds matplotlib only, no test packages

@@ -237,3 +237,55 @@ def remove_if_empty(workdir: str, ignore=(".lock",)) -> bool:
   import shutil
   shutil.rmtree(workdir, ignore_errors=True)
   return not os.path.exists(workdir)
+
+
+_FULL_PRECISION = ("bf16", "fp32")
+
+
+def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
+                  python: str = "python") -> list[tuple[str, str]]:
+  """(command, what it does) pairs that train.py's summary suggests after a run: plot it, train
+  its baseline in the other precision (the sibling config file, e.g. *_bf16.py for *_mxfp4.py,
+  or the same file with --config.quant.recipe), and plot both together. `overrides`: the run's
+  --config.x=y flags, kept in the baseline's command (but its recipe's).
+
+  Examples:
+    >>> for c, what in next_commands("/nonexistent/exp_mxfp4.py", "runs/exp", "mxfp4",
+    ...                              ["--config.steps=50"]):
+    ...   print(c, "#", what)
+    python -m lpjax.plot runs/exp # its loss curves as a PNG
+    python train.py --config=/nonexistent/exp_mxfp4.py --config.steps=50 --config.quant.recipe=bf16 --workdir=runs/exp_bf16 # the same run in bf16, the baseline
+    python -m lpjax.plot runs/exp runs/exp_bf16 # both runs in one picture, with the gap
+
+  With a sibling config file (configs/llama_tiny_bf16.py beside configs/llama_tiny_mxfp4.py) the
+  baseline is that file, in the workdir train.py gives it by default (runs/llama_tiny_bf16).
+  """
+  commands = [(f"{python} -m lpjax.plot {workdir}", "its loss curves as a PNG")]
+  low = recipe.split(":")[0] not in _FULL_PRECISION
+  other = "bf16" if low else "mxfp4"
+  folder, name = os.path.split(config_path)
+  stem, ext = os.path.splitext(name)
+  tokens = stem.split("_")
+  swap = [i for i, t in enumerate(tokens) if t.lower() in (recipe.split(":")[0].lower(),
+                                                            *_FULL_PRECISION, "mxfp4", "nvfp4")]
+  flags = [o for o in overrides if not o.startswith(("--config.quant.recipe",
+                                                      "--config.quant.high_precision_recipe"))]
+  sibling = None
+  if swap:
+    tokens[swap[-1]] = other
+    sibling = os.path.join(folder, "_".join(tokens) + ext)
+  parent = os.path.dirname(workdir.rstrip("/"))
+  if sibling and os.path.isfile(sibling):
+    target = os.path.join(parent, os.path.splitext(os.path.basename(sibling))[0])
+    if target == workdir:
+      target += "_" + other
+    args = [f"--config={sibling}", *flags, f"--workdir={target}"]
+  else:
+    target = workdir.rstrip("/") + "_" + other
+    args = [f"--config={config_path}", *flags, f"--config.quant.recipe={other}",
+            f"--workdir={target}"]
+  what = "the same run in bf16, the baseline" if low else "the same run in MXFP4, to compare"
+  commands.append((f"{python} train.py " + " ".join(args), what))
+  commands.append((f"{python} -m lpjax.plot {workdir} {target}",
+                   "both runs in one picture, with the gap"))
+  return commands

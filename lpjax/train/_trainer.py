@@ -294,7 +294,7 @@ class Trainer:
     c = self.config
     start_step = int(state.step)
     progress = Progress(start_step, c.steps, 0, c.progress_bar and self.is_main,
-                        unit=self.task.unit[:3])
+                        unit=self.task.unit)
     batches = self.task.batches(start_step, end_step - start_step, jax.process_index(),
                                 jax.process_count())
     key = jax.random.key(c.seed + 1)
@@ -303,7 +303,10 @@ class Trainer:
     for step, local in batches:
       policy = self.precision.policy_at(step)
       batch = _global_batch(local, self.batch_sharding)
-      state, metrics = self.compiled_train_step(policy, state, batch, key)(state, batch, key)
+      compiled_before = self.compile_seconds
+      run_step = self.compiled_train_step(policy, state, batch, key)
+      progress.exclude(self.compile_seconds - compiled_before)  # the ETA counts steady steps
+      state, metrics = run_step(state, batch, key)
       units += self.task.units_in(local)
       done = step + 1
       if done % c.log_every == 0 or done == end_step or signals.received:
