@@ -123,9 +123,11 @@ def main(argv):
   overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
   commands = _cli.next_commands(flags.FLAGS["config"].config_filename, workdir,
                                 str(results.get("recipe", "")), overrides, python)
-  commands.append((tensorboard_command(os.path.join(workdir, "tensorboard")),
-                   "the curves in TensorBoard"))
+  if os.path.isdir(os.path.join(workdir, "tensorboard")):
+    commands.append((tensorboard_command(os.path.join(workdir, "tensorboard")),
+                     "the curves in TensorBoard"))
   print("\n" + format_summary(results, os.path.abspath(workdir), commands), end="")
+
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])

@@ -244,8 +244,8 @@ def _check_names(config, problems):
         problems.append(f"quant.{field}: {e} (grammar '<preset>:key=value,...'; docs/gemm.md, "
                         "\"Recipe variants\").")
     else:
-      problems.append(f"quant.{field} {value!r} is unknown{_recipe_hint(preset)}; valid (any "
-                      f"case): {', '.join(recipes.NAMES)}, or a variant "
+      problems.append(f"quant.{field} {value!r} is unknown{_recipe_hint(preset)}; valid: "
+                      f"{', '.join(recipes.NAMES)} (in any case), or a variant "
                       "'<preset>:key=value,...' such as 'mxfp4:block_size=16' (docs/gemm.md, "
                       "\"Recipe variants\").")
   if config.quant.residuals not in ("", "high_precision", "quantized"):
