@@ -27,8 +27,9 @@ def test_links_into_docs_resolve_to_a_heading():
     for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)#([^)\s]+)\)", md.read_text()):
       page = (md.parent / target).resolve()
       assert anchor in _anchors(page), f"{md.name}: {target}#{anchor} has no such heading"
-  for anchor in re.findall(r"\]\(#([^)\s]+)\)", README):
-    assert anchor in _anchors(ROOT / "README.md"), f"README: #{anchor}"
+  for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
+    for anchor in re.findall(r"\]\(#([^)\s]+)\)", page.read_text()):
+      assert anchor in _anchors(page), f"{page.name}: #{anchor}"
 
 
 def test_the_first_screen_has_the_headline_numbers_linked_to_results():
