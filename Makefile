@@ -2,20 +2,49 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+.DEFAULT_GOAL := venv
 
-.PHONY: venv test train clean venv-tf test-tf gpu-check gpu-bundle
+.PHONY: venv venv-dev venv-plot test train plot clean venv-tf test-tf gpu-check gpu-bundle check-python
+
+# lpjax needs Python 3.11+ (jaxlib, numpy, scipy and flax as pinned in requirements.txt): checked
+# first, with one line naming the fix, before a venv is made or anything installed.
+FIX_PY := install python3.11 (e.g. apt install python3.11 python3.11-venv) and run make PY=python3.11$(if $(MAKECMDGOALS), $(MAKECMDGOALS))
+PY_CHECK = v=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+case "$$v" in \
+  3.1[1-9]|3.[2-9][0-9]) ;; \
+  "") echo "make: no Python at PY=$(PY); lpjax needs Python 3.11+: $(FIX_PY)" >&2; exit 1;; \
+  *) echo "make: lpjax needs Python 3.11+, but PY=$(PY) is Python $$v: $(FIX_PY)" >&2; exit 1;; \
+esac
+
+check-python:
+	@$(PY_CHECK)
 
 $(BIN)/python:
+	@$(PY_CHECK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# Installs once; again only when a requirements file or pyproject.toml changes (the stamp file).
-$(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
+# Three stamp files, each remade when its requirements file (or pyproject.toml) is newer:
+# .installed: what training needs (requirements.txt) and lpjax itself (`make train`);
+# .installed-plot: + matplotlib (`make plot`); .installed-dev: + pytest and the notebook runner
+# (`make test`). setuptools' "Editable installation" notice (a build warning, not a problem) is
+# filtered out of the editable install's output.
+$(VENV)/.installed: $(BIN)/python requirements.txt pyproject.toml
+	$(BIN)/pip install -q -r requirements.txt
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-plot: $(VENV)/.installed requirements-plot.txt
+	$(BIN)/pip install -q -r requirements-plot.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-plot requirements-dev.txt
 	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 venv: $(VENV)/.installed
+venv-plot: $(VENV)/.installed-plot
+venv-dev: $(VENV)/.installed-dev
 
 # XLA:CPU allocates each program's buffers afresh at every call; with this glibc tunable they come
 # in 2 MiB transparent huge pages instead of being faulted in 4 KiB at a time, and CPU steps run
@@ -30,8 +59,15 @@ WORKDIR ?= runs/$(basename $(notdir $(CONFIG)))
 train: venv
 	$(BIN)/python train.py --config=$(CONFIG) --workdir=$(WORKDIR)
 
+# Loss curves of one or more runs in one PNG (lpjax/plot.py), e.g. an FP4 run beside its bf16
+# baseline: make plot RUNS="runs/llama_tiny_mxfp4 runs/llama_tiny_bf16" (OUT=<png> names the file).
+RUNS ?= $(WORKDIR)
+OUT ?=
+plot: venv-plot
+	$(BIN)/python -m lpjax.plot $(RUNS) $(if $(OUT),--out=$(OUT))
+
 # The test suite (what .ci/run runs; it lists its 25 slowest tests). PYTEST_ARGS passes extra flags.
-test: venv
+test: venv-dev
 	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The GPU check (benchmarks/gpu_check): stages a-g in the order a g b c e d f, each in its own
@@ -45,7 +81,6 @@ test: venv
 # CI runs it). GPU_CHECK_ARGS passes more flags, e.g. "--stages gbc --total-limit 300".
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 DRY_RUN ?=
-OUT ?=
 BUNDLE ?=
 gpu-check:
 	$(if $(BUNDLE),$(GPU_PY) scripts/gpu_bundle.py install $(BUNDLE) &&) \
@@ -64,6 +99,7 @@ gpu-bundle:
 # the tests that need it (CI runs the rest; these skip there).
 TF_VENV ?= .venv-tf
 $(TF_VENV)/bin/python:
+	@$(PY_CHECK)
 	$(PY) -m venv $(TF_VENV)
 	$(TF_VENV)/bin/pip install -q --upgrade pip
 

@@ -2,6 +2,10 @@
 
     python train.py --config=configs/llama_tiny_mxfp4.py --workdir=runs/tiny
     python train.py --config=configs/llama_60m_mxfp4.py --config.optimizer.lr=2e-3 --workdir=runs/60m
+    python train.py --config=configs/llama_tiny_mxfp4.py --print_config   # every config key
+
+Every key of a config (its value, default and meaning) is listed by --print_config; any of them is
+set with --config.<key>=<value>, e.g. --config.steps=100 --config.quant.recipe=nvfp4.
 """
 
 import os
@@ -10,8 +14,12 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file in configs/.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to a config file in configs/. Its keys are set with "
+    "--config.<key>=<value>; --print_config lists them all with their meaning.", lock_config=True)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "Print the resolved config (the file plus the --config.x=y overrides) "
+    "with each key's default and meaning, and exit without training.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
 _CACHE = flags.DEFINE_string(
     "compilation_cache", os.path.join("~", ".cache", "lpjax", "jax_compilation_cache"),
@@ -43,10 +51,16 @@ def _parse_flags(argv):
 
   path, config = _cli.config_path_of(argv), None
   if path is not None:
+    problem = _cli.config_file_problem(path)  # a folder, or not a Python file
+    if problem:
+      _user_error("Config error", problem)
     if not os.path.isfile(path.split(":", 1)[0]):
       _user_error("Flag error", f"--config={path}: no such file; give the path of a config file, "
                   "e.g. --config=configs/llama_tiny_mxfp4.py.")
-    config = ConfigFileFlagParser("config", lock_config=False).parse(path)
+    try:
+      config = ConfigFileFlagParser("config", lock_config=False).parse(path)
+    except Exception as e:  # a syntax error or an exception in the file: the user's to fix
+      _user_error("Config error", _cli.load_error_message(path, e))
     argv, _UNKNOWN_OVERRIDES[:] = _cli.split_overrides(argv, config)
     sys.argv[:] = argv  # ml_collections reads its overrides from sys.argv itself
   try:
@@ -59,9 +73,20 @@ def main(argv):
   if len(argv) > 1:
     _user_error("Flag error", f"unexpected arguments {argv[1:]}: flags take the form --name=value "
                 "(--config.optimizer.lr=2e-3, --workdir=runs/x).")
+  from lpjax.train import CheckpointWriteError, ConfigError
+  from lpjax.train import _cli
+
+  if _PRINT_CONFIG.value:  # before JAX or logging start
+    from lpjax.train._validate import check_keys_and_types
+    try:
+      config = _cli.add_overrides(_CONFIG.value, _UNKNOWN_OVERRIDES)
+      check_keys_and_types(config)
+    except ConfigError as e:
+      _user_error("Config error", e)
+    print(_cli.format_config(config, source=flags.FLAGS["config"].config_filename), end="")
+    return
   from lpjax.train import train_and_evaluate  # after flags: keeps --help fast
   from lpjax.train import setup_logging, use_compilation_cache
-  from lpjax.train import _cli
 
   setup_logging()
   use_compilation_cache(_CACHE.value)
@@ -69,8 +94,7 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("runs", os.path.splitext(os.path.basename(
       flags.FLAGS["config"].config_filename))[0])
-  from lpjax.train import CheckpointWriteError, ConfigError
-
+  new_workdir = not os.path.lexists(workdir)
   try:
     config = _cli.add_overrides(config, _UNKNOWN_OVERRIDES)  # for validation to name them
     results = train_and_evaluate(config, workdir)
@@ -84,16 +108,25 @@ def main(argv):
     kind = {"WorkdirInUse": "Workdir in use", "WorkdirError": "Workdir error",
             "DataError": "Data error", "EnvironmentProblem": "Environment error"}.get(
                 type(e).__name__, "Config error")
+    if new_workdir:  # a failed start leaves no empty workdir behind
+      _cli.remove_if_empty(workdir)
     _user_error(kind, e)
   if results.get("stopped"):
     print(f"\nStopped at step {results['steps']}; the checkpoint in {os.path.abspath(workdir)} "
           "resumes it: run the same command again.")
     sys.exit(128 + results["signal"] if results.get("signal") else 0)
-  print(f"\nResults: {os.path.join(os.path.abspath(workdir), 'results.json')}")
-  print(f"Metrics: {os.path.join(os.path.abspath(workdir), 'metrics.jsonl')}")
   from lpjax.train import tensorboard_command
-  print(f"TensorBoard: {tensorboard_command(os.path.join(workdir, 'tensorboard'))}")
-  print({k: v for k, v in results.items() if k.startswith("final_") or k in ("steps", "wall_time_s")})
+  from lpjax.train._results import format_summary
+
+  python = os.path.relpath(sys.executable)
+  python = python if not python.startswith("..") else "python"
+  overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+  commands = _cli.next_commands(flags.FLAGS["config"].config_filename, workdir,
+                                str(results.get("recipe", "")), overrides, python)
+  if os.path.isdir(os.path.join(workdir, "tensorboard")):
+    commands.append((tensorboard_command(os.path.join(workdir, "tensorboard")),
+                     "the curves in TensorBoard"))
+  print("\n" + format_summary(results, os.path.abspath(workdir), commands), end="")
 
 
 if __name__ == "__main__":

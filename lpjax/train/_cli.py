@@ -4,7 +4,9 @@ ml_collections parses an override only when the config file has its key, and fai
 traceback otherwise (a misspelt key, another task's key, a missing section). `split_overrides`
 takes those out of argv before the flags are parsed; `add_overrides` puts them into the loaded
 config, where `lpjax.train.validate` names each one with its owner task or the closest valid keys.
-`flag_error_message` turns absl's flag errors into one line with the fix. Imports no JAX.
+`flag_error_message` turns absl's flag errors into one line with the fix; `config_file_problem`
+names a --config that is a folder or not a Python file; `format_config` is `--print_config`'s
+listing (every key, its value, its default when it differs, and its meaning). Imports no JAX.
 
 Examples:
   >>> import ml_collections
@@ -20,6 +22,9 @@ Examples:
 from __future__ import annotations
 
 import ast
+import functools
+import inspect
+import os
 import re
 
 import ml_collections
@@ -114,3 +119,173 @@ def flag_error_message(error, config=None) -> str:
     return ("--config is required: the path of a config file, e.g. "
             "--config=configs/llama_tiny_mxfp4.py.")
   return f"{text.rstrip('.')}. See python train.py --helpshort."
+
+
+def config_file_problem(path: str) -> str | None:
+  """Why `path` (a --config value, maybe 'file.py:arg') cannot be a config file; None if it can."""
+  file = path.split(":", 1)[0]
+  example = "e.g. --config=configs/llama_tiny_mxfp4.py"
+  if os.path.isdir(file):
+    names = sorted(n for n in os.listdir(file) if n.endswith(".py") and not n.startswith("_"))
+    some = (f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else "")
+    return (f"--config={path} is a folder; give one config file in it{some}, "
+            f"{example}.")
+  if os.path.isfile(file) and not file.endswith(".py"):
+    return (f"--config={path} is not a Python config file; give a .py file whose get_config() "
+            f"returns the config, as the files in configs/ do, {example}.")
+  return None
+
+
+def load_error_message(path: str, error: BaseException) -> str:
+  """One line for a config file that fails to load (a syntax error, an exception in it)."""
+  where = ""
+  if isinstance(error, SyntaxError) and error.lineno:
+    where = f" (line {error.lineno})"
+    error_text = error.msg
+  else:
+    error_text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+  return (f"--config={path} could not be loaded{where}: {type(error).__name__}"
+          f"{': ' + error_text if error_text else ''}. A config file is Python with a "
+          "get_config() returning the config, like configs/llama_tiny_mxfp4.py.")
+
+
+_ASSIGN = re.compile(r"^\s*c\.([A-Za-z0-9_.]+)\s*=\s*(.*?)\s*(?:#\s*(.*))?$")
+
+
+@functools.lru_cache(maxsize=None)
+def config_comments() -> dict:
+  """{dotted key: its comment in base_config}: the trailing comment of its line, or the comment
+  lines just above it.
+
+  Examples:
+    >>> config_comments()["optimizer.lr"]
+    'peak learning rate'
+  """
+  from lpjax.train._config_schema import base_config
+
+  comments, pending = {}, []
+  for line in inspect.getsource(base_config).splitlines():
+    stripped = line.strip()
+    if stripped.startswith("#"):
+      pending.append(stripped.lstrip("#").strip())
+      continue
+    m = _ASSIGN.match(line)
+    if m and "ConfigDict()" not in m.group(2):
+      text = m.group(3) or " ".join(pending)
+      if text and m.group(1) not in comments:
+        comments[m.group(1)] = text
+    pending = []
+  return comments
+
+
+def format_config(config, *, source: str = "") -> str:
+  """The config as `key = value  # meaning` lines in schema order (`[default x]` where it differs
+  from base_config's), for `train.py --print_config`.
+
+  Examples:
+    >>> from lpjax.train.config import llama_config
+    >>> c = llama_config("tiny", recipe="nvfp4")
+    >>> print(next(l for l in format_config(c).splitlines() if l.startswith("optimizer.lr")))
+    optimizer.lr = 0.001  # peak learning rate
+    >>> c.steps = 50
+    >>> print(next(l for l in format_config(c).splitlines() if l.startswith("steps")))
+    steps = 50  # optimizer steps [default 1000]
+  """
+  from lpjax.train._config_schema import TASKS, base_config
+
+  comments = config_comments()
+  task = config.get("task", "lm")
+  reference = base_config(task if task in TASKS else "lm",
+                          optimizer=config.get("optimizer", {}).get("name", "adamw"))
+
+  def lines(node, ref, prefix):
+    items = sorted(node.items(), key=lambda kv: isinstance(kv[1], ml_collections.ConfigDict))
+    for key, value in items:  # a section's plain keys first, then its sub-sections
+      name = prefix + key
+      if isinstance(value, ml_collections.ConfigDict):
+        yield ""
+        yield f"# {name}"
+        yield from lines(value, ref.get(key, {}) if isinstance(ref, ml_collections.ConfigDict)
+                         else {}, name + ".")
+        continue
+      default = ref.get(key, "(none)") if isinstance(ref, ml_collections.ConfigDict) else "(none)"
+      note = f" [default {default!r}]" if default != value else ""
+      comment = comments.get(name, "")
+      yield f"{name} = {value!r}" + (f"  # {comment}" if comment or note else "") + note
+
+  head = [f"# The config{' of ' + source if source else ''}, task {task!r}: every key, its value, "
+          "and what it means.", "# Override any key with --config.<key>=<value>."]
+  return "\n".join(head + list(lines(config, reference, ""))) + "\n"
+
+
+def remove_if_empty(workdir: str, ignore=(".lock",)) -> bool:
+  """Removes `workdir` when it holds no file but `ignore`d ones (a start that failed before
+  writing anything); True if it did. A workdir with any other file is left as it is.
+
+  Examples:
+    >>> import tempfile
+    >>> d = os.path.join(tempfile.mkdtemp(), "run")
+    >>> os.makedirs(os.path.join(d, "checkpoints"))
+    >>> remove_if_empty(d), os.path.exists(d)
+    (True, False)
+  """
+  if not os.path.isdir(workdir):
+    return False
+  for _, _, files in os.walk(workdir):
+    if any(f not in ignore for f in files):
+      return False
+  import shutil
+  shutil.rmtree(workdir, ignore_errors=True)
+  return not os.path.exists(workdir)
+
+
+_FULL_PRECISION = ("bf16", "fp32")
+
+
+def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
+                  python: str = "python") -> list[tuple[str, str]]:
+  """(command, what it does) pairs that train.py's summary suggests after a run: plot it, train
+  its baseline in the other precision (the sibling config file, e.g. *_bf16.py for *_mxfp4.py,
+  or the same file with --config.quant.recipe), and plot both together. `overrides`: the run's
+  --config.x=y flags, kept in the baseline's command (but its recipe's).
+
+  Examples:
+    >>> for c, what in next_commands("/nonexistent/exp_mxfp4.py", "runs/exp", "mxfp4",
+    ...                              ["--config.steps=50"]):
+    ...   print(c, "#", what)
+    python -m lpjax.plot runs/exp # its loss curves as a PNG
+    python train.py --config=/nonexistent/exp_mxfp4.py --config.steps=50 --config.quant.recipe=bf16 --workdir=runs/exp_bf16 # the same run in bf16, the baseline
+    python -m lpjax.plot runs/exp runs/exp_bf16 # both runs in one picture, with the gap
+
+  With a sibling config file (configs/llama_tiny_bf16.py beside configs/llama_tiny_mxfp4.py) the
+  baseline is that file, in the workdir train.py gives it by default (runs/llama_tiny_bf16).
+  """
+  commands = [(f"{python} -m lpjax.plot {workdir}", "its loss curves as a PNG")]
+  low = recipe.split(":")[0] not in _FULL_PRECISION
+  other = "bf16" if low else "mxfp4"
+  folder, name = os.path.split(config_path)
+  stem, ext = os.path.splitext(name)
+  tokens = stem.split("_")
+  swap = [i for i, t in enumerate(tokens) if t.lower() in (recipe.split(":")[0].lower(),
+                                                            *_FULL_PRECISION, "mxfp4", "nvfp4")]
+  flags = [o for o in overrides if not o.startswith(("--config.quant.recipe",
+                                                      "--config.quant.high_precision_recipe"))]
+  sibling = None
+  if swap:
+    tokens[swap[-1]] = other
+    sibling = os.path.join(folder, "_".join(tokens) + ext)
+  parent = os.path.dirname(workdir.rstrip("/"))
+  if sibling and os.path.isfile(sibling):
+    target = os.path.join(parent, os.path.splitext(os.path.basename(sibling))[0])
+    if target == workdir:
+      target += "_" + other
+    args = [f"--config={sibling}", *flags, f"--workdir={target}"]
+  else:
+    target = workdir.rstrip("/") + "_" + other
+    args = [f"--config={config_path}", *flags, f"--config.quant.recipe={other}",
+            f"--workdir={target}"]
+  what = "the same run in bf16, the baseline" if low else "the same run in MXFP4, to compare"
+  commands.append((f"{python} train.py " + " ".join(args), what))
+  commands.append((f"{python} -m lpjax.plot {workdir} {target}",
+                   "both runs in one picture, with the gap"))
+  return commands

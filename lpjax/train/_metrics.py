@@ -108,10 +108,20 @@ class MetricWriter:
 class Progress:
   """Training progress: a tqdm bar (loss, units per second, ETA) on a terminal; when stderr is
   not a terminal (a log file, a batch job), a plain log line at most every `line_seconds`
-  instead, so that progress and log lines never share a line."""
+  instead, so that progress and log lines never share a line.
+
+  The ETA comes from the steady step rate: the time of compiles (`exclude`, which the trainer
+  calls with each compile's seconds) and evaluations (`restart_clock`) is left out, and so is the
+  first interval of the run (or of a resumed run) once a later one has been timed.
+
+  Examples:
+    >>> p = Progress(100, 1000, 512.0, enabled=False)
+    >>> p.eta_seconds(100)  # nothing timed yet
+    nan
+  """
 
   def __init__(self, start_step: int, total_steps: int, units_per_step: float, enabled: bool,
-               unit: str = "tok", *, line_seconds: float = 30.0, terminal: bool | None = None):
+               unit: str = "tokens", *, line_seconds: float = 30.0, terminal: bool | None = None):
     self.units_per_step = units_per_step  # the caller may update it (variable sequence lengths)
     self.unit = unit
     self.total_steps = total_steps
@@ -121,7 +131,9 @@ class Progress:
     self._lines = False
     self._line_seconds = line_seconds
     self._last_line = time.perf_counter()
-    self._start = (time.perf_counter(), start_step)
+    self._excluded = 0.0  # compile seconds inside the current interval
+    self._first = None  # (steps, seconds) of the first interval
+    self._steady = [0, 0.0]  # (steps, seconds) of the later intervals
     if not enabled:
       return
     if terminal is None:
@@ -129,32 +141,51 @@ class Progress:
     import importlib.util
     if terminal and importlib.util.find_spec("tqdm") is not None:  # else lines (a stock image)
       from tqdm import tqdm
-      self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+      # tqdm's own remaining-time estimate would count the compile; the ETA is in the postfix
+      self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                       bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
     else:
       self._lines = True
 
+  def exclude(self, seconds: float):
+    """Leaves `seconds` (a compile in the current interval) out of the step rate."""
+    self._excluded += seconds
+
+  def eta_seconds(self, step: int) -> float:
+    """Seconds to total_steps at the steady step rate (nan before any step was timed)."""
+    steps, seconds = self._steady if self._steady[0] else (self._first or (0, 0.0))
+    if not steps:
+      return float("nan")
+    return max(self.total_steps - step, 0) * seconds / steps
+
   def update(self, step: int, loss: float) -> float:
-    """Advances to `step`; returns units/s since the previous update."""
+    """Advances to `step`; returns units/s since the previous update (compile time left out)."""
     now = time.perf_counter()
     steps = max(step - self.last_step, 1)
-    per_second = steps * self.units_per_step / max(now - self.last_time, 1e-9)
+    seconds = max(now - self.last_time - self._excluded, 1e-9)
+    self._excluded = 0.0
+    per_second = steps * self.units_per_step / seconds
+    if self._first is None:
+      self._first = (steps, seconds)
+    else:
+      self._steady[0] += steps
+      self._steady[1] += seconds
+    eta = _duration(self.eta_seconds(step))
     if self._bar is not None:
       self._bar.update(step - self.last_step)
-      self._bar.set_postfix({"loss": f"{loss:.4f}", f"{self.unit}/s": f"{per_second:,.0f}"})
+      self._bar.set_postfix({"loss": f"{loss:.4f}", f"{self.unit}/s": f"{per_second:,.0f}",
+                             "ETA": eta})
     elif self._lines and (now - self._last_line >= self._line_seconds
                           or step >= self.total_steps):
-      start_time, start_step = self._start
-      rate = (step - start_step) / max(now - start_time, 1e-9)
-      eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
       logging.getLogger("lpjax.train").info(
           "step %d/%d: loss %.4f, %s %s/s, ETA %s", step, self.total_steps, loss,
-          f"{per_second:,.0f}", self.unit, _duration(eta))
+          f"{per_second:,.0f}", self.unit, eta)
       self._last_line = now
     self.last_time, self.last_step = now, step
     return per_second
 
   def restart_clock(self):
-    """Excludes the time since the last update (e.g. an evaluation) from tokens/s."""
+    """Excludes the time since the last update (e.g. an evaluation) from the rate and ETA."""
     self.last_time = time.perf_counter()
 
   def close(self):

@@ -51,6 +51,13 @@ from lpjax.quant import QuantPolicy
 log = logging.getLogger("lpjax.train.precision")
 
 PHASES = ("warmup", "low", "fallback", "qaf", "finish")
+PHASE_WORDS = {  # how the log names each phase
+    "warmup": "the high-precision warm-up (quant.warmup_fraction)",
+    "low": "the run's own recipe (quant.recipe)",
+    "fallback": "the high-precision fallback",
+    "qaf": "FP4-forward / high-precision-backward (quant.qaf_fraction)",
+    "finish": "the high-precision finish (quant.finish_fraction)",
+}
 
 
 class ScheduleState(NamedTuple):
@@ -129,8 +136,13 @@ class PrecisionSchedule:
     """(recipe of `step`, new state); logs when the phase changes."""
     phase = self.phase_at(state, step)
     if phase != state.phase:
-      log.info("step %d: precision phase %s -> %s (recipe %s)", step, state.phase, phase,
-               self.recipe_of(phase) or "policy default")
+      recipe = self.recipe_of(phase)
+      recipe = f" (recipe {recipe})" if recipe else ""
+      if state.phase is None:
+        log.info("step %d: precision phase: %s%s", step, PHASE_WORDS[phase], recipe)
+      else:
+        log.info("step %d: precision phase: %s -> %s%s", step, PHASE_WORDS[state.phase],
+                 PHASE_WORDS[phase], recipe)
     return self.recipe_of(phase), state._replace(phase=phase)
 
   def observe(self, state: ScheduleState, step: int, loss: float) -> ScheduleState:

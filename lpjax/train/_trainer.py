@@ -116,8 +116,8 @@ class Trainer:
     meta = meta or {}
     log.info("Resumed from %s at step %d.", self.checkpointer.directory, step)
     if meta.get("config") is not None:
-      changes = config_changes(meta["config"], self.flat_config)
-      if changes:
+      self.resume_changes = changes = config_changes(meta["config"], self.flat_config)
+      if changes and int(step) < self.config.steps:
         log.warning("Resuming step %d with config changes: %s.", step, ", ".join(changes))
     return restored, meta
 
@@ -289,8 +289,16 @@ class Trainer:
     results = read_results(self.workdir)
     if results is None or results.get("steps") != int(state.step):
       return None
-    log.info("The run in %s is already complete (step %d of %d); nothing was changed. Raise "
-             "--config.steps to train further.", self.workdir, int(state.step), self.config.steps)
+    changes = [c for c in getattr(self, "resume_changes", []) if not c.startswith("steps ")]
+    if changes:  # another experiment asked of a finished run: it belongs in a new workdir
+      log.warning("The run in %s is already complete (step %d of %d) with another config than "
+                  "this command's (%s); nothing was changed. To train with this config, give a "
+                  "new --workdir (e.g. %s-2); to train this run further, raise --config.steps.",
+                  self.workdir, int(state.step), self.config.steps, ", ".join(changes[:4]) +
+                  (", ..." if len(changes) > 4 else ""), self.workdir.rstrip(os.sep))
+    else:
+      log.info("The run in %s is already complete (step %d of %d); nothing was changed. Raise "
+               "--config.steps to train further.", self.workdir, int(state.step), self.config.steps)
     self.final_state = state
     self.checkpointer.close()
     return results
@@ -304,7 +312,7 @@ class Trainer:
     c = self.config
     start_step = int(state.step)
     progress = Progress(start_step, c.steps, 0, c.progress_bar and self.is_main,
-                        unit=self.task.unit[:3])
+                        unit=self.task.unit)
     batches = self.task.batches(start_step, end_step - start_step, jax.process_index(),
                                 jax.process_count())
     key = jax.random.key(c.seed + 1)
@@ -313,7 +321,10 @@ class Trainer:
     for step, local in batches:
       policy = self.precision.policy_at(step)
       batch = _global_batch(local, self.batch_sharding)
-      state, metrics = self.compiled_train_step(policy, state, batch, key)(state, batch, key)
+      compiled_before = self.compile_seconds
+      run_step = self.compiled_train_step(policy, state, batch, key)
+      progress.exclude(self.compile_seconds - compiled_before)  # the ETA counts steady steps
+      state, metrics = run_step(state, batch, key)
       units += self.task.units_in(local)
       done = step + 1
       if done % c.log_every == 0 or done == end_step or signals.received:

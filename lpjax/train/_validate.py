@@ -33,7 +33,8 @@ from lpjax.train._config_schema import (GRAD_ACCUM_DTYPES, OPTIMIZERS, PARAM_ROU
 from lpjax.train._validate_model_data import (check_data_keys, parse_schedule, validate_lm,
                                               validate_vision)
 
-__all__ = ["ConfigError", "parse_schedule", "validate"]
+__all__ = ["ConfigError", "canonical_recipe", "check_keys_and_types", "parse_schedule",
+           "validate"]
 
 
 class _Problems(list):
@@ -66,14 +67,29 @@ def _did_you_mean(key: str) -> str:
   return f"{key} (did you mean {close[0]}?)" if close else key
 
 
+# Names a user may reach for that are another object's spelling of a config key.
+KEY_ALIASES = {
+    "quant.keep_first_blocks": "quant.keep_first",  # QuantPolicy(keep_first_blocks=...)
+    "quant.keep_last_blocks": "quant.keep_last",  # QuantPolicy(keep_last_blocks=...)
+}
+KEY_LIST_HINT = ("python train.py --config=<file> --print_config lists every key with its "
+                 "default and meaning")
+
+
+def _unknown_key(key: str) -> str:
+  if key in KEY_ALIASES:
+    return (f"{key} (QuantPolicy's argument name; the config key is {KEY_ALIASES[key]}, "
+            f"--config.{KEY_ALIASES[key]}=N)")
+  return _did_you_mean(key)
+
+
 def _check_keys(config):
   """Every key belongs to the schema of config.task; unknown and other tasks' keys are named."""
   keys = flat_keys(config)
   unknown = sorted(k for k in keys if not tasks_of(k))
   if unknown:
-    raise ConfigError(f"Unknown config key(s): {', '.join(_did_you_mean(k) for k in unknown)}. "
-                      "Valid keys are listed in lpjax/train/_config_schema.py base_config(); "
-                      "check the spelling.")
+    raise ConfigError(f"Unknown config key(s): {', '.join(_unknown_key(k) for k in unknown)}. "
+                      f"Check the spelling; {KEY_LIST_HINT}.")
   task = config.get("task")
   if task not in TASKS:
     raise ConfigError(f"task {task!r} is unknown; valid: {', '.join(TASKS)}.")
@@ -86,6 +102,48 @@ def _check_keys(config):
   if missing:
     raise ConfigError(f"Config key(s) of task {task!r} missing: {', '.join(missing)}. Start from "
                       f"base_config({task!r}) (lpjax/train/config.py), which has every key.")
+
+
+def check_keys_and_types(config):
+  """The key and type checks of `validate` alone (no values, no machine): what
+  `train.py --print_config` needs before it prints a config."""
+  _check_keys(config)
+  problems = _Problems()
+  _check_types(config, base_config(config.task), problems)
+  problems.raise_if_any()
+
+
+def canonical_recipe(value):
+  """`value` as lpjax.quant.recipes knows it: the preset name in any case ('NVFP4' ->
+  'nvfp4', 'MXFP4:block_size=16' -> 'mxfp4:block_size=16'); None when it is no recipe.
+
+  Examples:
+    >>> canonical_recipe("NVFP4"), canonical_recipe("MXFP4:block_size=16"), canonical_recipe("x")
+    ('nvfp4', 'mxfp4:block_size=16', None)
+  """
+  from lpjax.quant import recipes
+
+  candidates = [value]
+  if isinstance(value, str):
+    preset, sep, rest = value.strip().partition(":")
+    candidates.append(preset.lower() + sep + rest)
+  for candidate in candidates:
+    try:
+      recipes.get(candidate)
+      return candidate
+    except (ValueError, TypeError):
+      continue
+  return None
+
+
+def _recipe_hint(value) -> str:
+  """' (did you mean 'mxfp4' or 'mxfp8'?)' for a recipe name close to known ones, else ''."""
+  from lpjax.quant import recipes
+
+  if not isinstance(value, str):
+    return ""
+  close = difflib.get_close_matches(value.strip().lower(), recipes.NAMES, n=3, cutoff=0.6)
+  return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def _check_types(config, reference, problems, prefix=""):
@@ -175,16 +233,21 @@ def _check_names(config, problems):
     problems.append(f"resume {config.resume!r} is unknown; valid: {', '.join(RESUME_CHOICES)}.")
   for field in ("recipe", "high_precision_recipe"):
     value = config.quant[field]
-    try:
-      recipes.get(value)
-    except (ValueError, TypeError) as e:
-      if isinstance(value, str) and ":" in value:  # a variant: the spec parser names the problem
-        problems.append(f"quant.{field}: {e} (grammar '<preset>:key=value,...', see "
-                        "lpjax/quant/recipes/variants.py).")
-      else:
-        problems.append(f"quant.{field} {value!r} is unknown; valid: {', '.join(recipes.NAMES)}, "
-                        "or a variant '<preset>:key=value,...' such as 'mxfp4:block_size=16' "
-                        "(lpjax/quant/recipes/variants.py).")
+    if canonical_recipe(value) is not None:
+      continue
+    preset, sep, rest = value.strip().partition(":") if isinstance(value, str) else (value, "", "")
+    if sep and canonical_recipe(preset) is not None:
+      # a variant of a known preset: the spec parser names the problem
+      try:
+        recipes.get(canonical_recipe(preset) + sep + rest)
+      except (ValueError, TypeError) as e:
+        problems.append(f"quant.{field}: {e} (grammar '<preset>:key=value,...'; docs/gemm.md, "
+                        "\"Recipe variants\").")
+    else:
+      problems.append(f"quant.{field} {value!r} is unknown{_recipe_hint(preset)}; valid: "
+                      f"{', '.join(recipes.NAMES)} (in any case), or a variant "
+                      "'<preset>:key=value,...' such as 'mxfp4:block_size=16' (docs/gemm.md, "
+                      "\"Recipe variants\").")
   if config.quant.residuals not in ("", "high_precision", "quantized"):
     problems.append("quant.residuals must be '', 'high_precision' or 'quantized'.")
   if config.quant.policy not in ("default", "pure"):
@@ -220,6 +283,8 @@ def validate(config, device_count: int, process_count: int = 1):
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.mesh.data = data
+    for field in ("recipe", "high_precision_recipe"):  # 'NVFP4' runs as 'nvfp4'
+      config.quant[field] = canonical_recipe(config.quant[field])
   return config
 
 

@@ -32,6 +32,16 @@ TRAIN_PY_CASES = [  # (name, extra args or NAME=value environment, expected mess
      "Workdir error: The workdir '{tmp}/a_file' is a file, not a folder"),
     ("JAX_PLATFORMS names a backend that is not installed", ["JAX_PLATFORMS=tpu"],
      "Environment error: JAX cannot start a backend for JAX_PLATFORMS='tpu'"),
+    ("config is a folder", ["--config={root}/configs/"],
+     "Config error: --config={root}/configs/ is a folder; give one config file in it ("),
+    ("config is not a Python file", ["--config={root}/README.md"],
+     "Config error: --config={root}/README.md is not a Python config file"),
+    ("config with a syntax error", ["--config={tmp}/broken.py"],
+     "Config error: --config={tmp}/broken.py could not be loaded (line 2): SyntaxError"),
+    ("unknown recipe with a hint", ["--config.quant.recipe=mxfp5"],
+     "Config error: quant.recipe 'mxfp5' is unknown (did you mean 'mxfp8' or 'mxfp4'?)"),
+    ("QuantPolicy's name for a config key", ["--config.quant.keep_first_blocks=2"],
+     "the config key is quant.keep_first"),
 ]
 
 
@@ -41,7 +51,8 @@ def train_py_runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("train_py")
   (tmp / "latin1.txt").write_bytes(LATIN1 * 400)
   (tmp / "a_file").write_text("not a folder")
-  names = {"tmp": str(tmp), "latin1": str(tmp / "latin1.txt")}
+  (tmp / "broken.py").write_text("def get_config():\n  return {\n")
+  names = {"tmp": str(tmp), "latin1": str(tmp / "latin1.txt"), "root": ROOT}
   procs = {}
   for i, (name, args, _) in enumerate(TRAIN_PY_CASES):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -72,4 +83,5 @@ def test_train_py_exits_2_with_one_message(train_py_runs, name, args, message):
   errors = [line for line in output.splitlines() if " error: " in line and not line[:1].isdigit()]
   assert len(errors) == 1, errors  # one message
   assert "Compiling the train step" not in output  # found before compiling
-  assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+  assert "lpjax/train/_" not in output  # no private source file as the place to look
+  assert not os.path.exists(workdir)  # a failed start leaves no (empty) workdir behind

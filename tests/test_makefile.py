@@ -1,0 +1,135 @@
+"""The Makefile's set-up: the Python version is checked first, `make train` installs only the
+runtime requirements and `make test` adds the test extras, and the stamp files reinstall when a
+requirements file changes. Runs `make` itself (a fake interpreter, or `make -n` on a stand-in venv),
+so nothing is installed."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+def _make(*args, **env):
+  return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
+                        capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+
+
+def _fake_python(tmp_path, version):
+  """An interpreter that reports `version` to any question, as a 3.10 python3 would."""
+  path = tmp_path / f"python{version}"
+  path.write_text(f"#!/bin/sh\necho {version}\n")
+  path.chmod(0o755)
+  return path
+
+
+@pytest.mark.parametrize("goal", ["train", "test", ""])
+def test_an_old_python_stops_with_one_line_before_anything_is_made(tmp_path, goal):
+  venv = tmp_path / "venv"
+  r = _make(*([goal] if goal else []), f"PY={_fake_python(tmp_path, '3.10')}", f"VENV={venv}")
+  assert r.returncode != 0
+  ours = [line for line in r.stderr.splitlines() if not line.startswith("make: ***")]
+  assert len(ours) == 1, r.stderr
+  assert "needs Python 3.11+" in ours[0] and "is Python 3.10" in ours[0]
+  assert f"make PY=python3.11{' ' + goal if goal else ''}" in ours[0]  # the fix, with the goal
+  assert not venv.exists() and "pip" not in r.stdout  # nothing made, nothing installed
+
+
+def test_a_missing_python_is_named(tmp_path):
+  r = _make("train", f"PY={tmp_path / 'no-such-python'}", f"VENV={tmp_path / 'venv'}")
+  assert r.returncode != 0
+  assert "no Python at PY=" in r.stderr and "3.11+" in r.stderr
+  assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13"])
+def test_a_new_enough_python_passes(tmp_path, version):
+  r = _make("check-python", f"PY={_fake_python(tmp_path, version)}")
+  assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_this_python_passes_the_check():
+  assert sys.version_info >= (3, 11)  # the suite's own interpreter meets requires-python
+  assert _make("check-python", f"PY={sys.executable}").returncode == 0
+
+
+def _installs(goal, venv):
+  """The requirements files `make -n goal` would install, in order."""
+  r = _make("-n", goal, f"VENV={venv}")
+  assert r.returncode == 0, r.stderr
+  return [line.split(" -r ")[1].split()[0] for line in r.stdout.splitlines()
+          if "pip install" in line and " -r " in line]
+
+
+def _venv(tmp_path, stamps=(), age=0.0):
+  """A stand-in venv: bin/python and the given stamp files, `age` seconds newer than the
+  requirements files (negative: older)."""
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  newest = max(os.path.getmtime(ROOT / f) for f in
+               ("requirements.txt", "requirements-dev.txt", "requirements-plot.txt",
+                "pyproject.toml"))
+  for i, name in enumerate(("bin/python",) + tuple(stamps)):
+    (venv / name).touch()
+    os.utime(venv / name, (newest + age + i, newest + age + i))
+  return venv
+
+
+def test_train_installs_only_the_runtime_requirements(tmp_path):
+  venv = _venv(tmp_path)
+  assert _installs("train", venv) == ["requirements.txt"]
+
+
+def test_test_adds_the_test_extras_after_train(tmp_path):
+  venv = _venv(tmp_path, stamps=(".installed",), age=10)
+  assert _installs("train", venv) == []  # up to date for training
+  assert _installs("test", venv) == ["requirements-plot.txt", "requirements-dev.txt"]
+
+
+def test_a_changed_requirements_file_reinstalls_every_stamp_above_it(tmp_path):
+  fresh = _venv(tmp_path / "a", stamps=(".installed", ".installed-plot", ".installed-dev"), age=10)
+  assert _installs("test", fresh) == []
+  stale = _venv(tmp_path / "b", stamps=(".installed", ".installed-plot", ".installed-dev"),
+                age=-100)
+  assert _installs("test", stale) == ["requirements.txt", "requirements-plot.txt",
+                                      "requirements-dev.txt"]
+
+
+def test_the_runtime_requirements_hold_no_test_or_notebook_package():
+  runtime = (ROOT / "requirements.txt").read_text().lower()
+  for name in ("pytest", "nbclient", "nbformat", "ipykernel", "matplotlib"):
+    assert name not in runtime
+  dev = (ROOT / "requirements-dev.txt").read_text()
+  assert "-r requirements.txt" in dev and "pytest==" in dev
+
+
+def test_the_editable_install_filters_setuptools_notice_only():
+  line = next(l for l in (ROOT / "Makefile").read_text().splitlines() if "-e ." in l
+              and "$(BIN)/pip" in l)
+  assert line.strip().startswith('PYTHONWARNINGS="ignore:Editable installation"')
+
+
+def test_ci_runs_make_test():
+  commands = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
+              if l.strip() and not l.startswith("#") and not l.startswith(("set ", "cd "))]
+  assert commands == ["make test"]
+
+
+def test_python_requirement_is_311_everywhere():
+  assert 'requires-python = ">=3.11"' in (ROOT / "pyproject.toml").read_text()
+  readme = (ROOT / "README.md").read_text()
+  assert "3.10" not in readme and "Python 3.11" in readme
+
+
+def test_make_plot_runs_lpjax_plot_on_the_given_runs(tmp_path):
+  venv = _venv(tmp_path, stamps=(".installed", ".installed-plot"), age=10)
+  r = _make("-n", "plot", f"VENV={venv}", "RUNS=runs/a runs/b", "OUT=x.png")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip().splitlines()[-1] == f"{venv}/bin/python -m lpjax.plot runs/a runs/b --out=x.png"
+  assert _installs("plot", _venv(tmp_path / "fresh", stamps=(".installed",), age=10)) == [
+      "requirements-plot.txt"]  # plotting adds matplotlib only, no test packages
