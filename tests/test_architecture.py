@@ -28,7 +28,7 @@ LAYERS = (("data", "eval", "optim", "quant"), ("nn", "pallas"), ("models",), ("t
 PACKAGES = tuple(p for layer in LAYERS for p in layer)
 # Inside lpjax.quant, lowest first; "__init__" (the public API) is the top of quant.
 QUANT_LAYERS = ("backends", "numerics", "formats", "codec", "schemes", "recipes", "policy", "gemm",
-                "intercept")
+                "intercept", "export")
 NO_FLAX = ("quant", "optim", "pallas")
 
 
@@ -107,9 +107,10 @@ def _lpjax_edges(path: pathlib.Path) -> set[str]:
 
 
 def _rank(module: str) -> tuple[int, int] | None:
-  """(package layer, quant layer) of a module; None for lpjax itself (the top)."""
+  """(package layer, quant layer) of a module; None for lpjax itself and its top-level modules
+  (lpjax/export.py, lpjax/plot.py: the top, like lpjax/__init__.py)."""
   parts = module.split(".")
-  if len(parts) == 1:
+  if len(parts) == 1 or parts[1] not in PACKAGES:
     return None
   layer = next(i for i, names in enumerate(LAYERS) if parts[1] in names)
   if parts[1] != "quant":
@@ -300,7 +301,7 @@ def test_markdown_links_resolve_inside_the_repository():
 
 
 # The modules of a package that are not `_private`: public ones, and quant's documented layers.
-_NAMED_MODULES = {"quant": {"backends", "policy"}, "train": {"config"}}
+_NAMED_MODULES = {"quant": {"backends", "policy", "export"}, "train": {"config"}}
 
 
 @pytest.mark.parametrize("package", PACKAGES)

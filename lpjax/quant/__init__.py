@@ -18,6 +18,7 @@ Inside, the layers, each importing only those before it (tests/test_architecture
 | `policy` | QuantPolicy: which call site gets which recipe |
 | `gemm/` | quantized dot_general / einsum / conv, kernel dispatch, FP4 weight gather |
 | `intercept/` | any function's or model's GEMMs through a policy |
+| `export` | the packed weights a policy's forward GEMMs multiply, for serving |
 
 Each sub-package's docstring says what it offers to the rest of lpjax (lpjax.pallas and lpjax.nn
 use those modules); the names re-exported here are the API users call.
@@ -69,6 +70,7 @@ from lpjax.quant.policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
 from lpjax.quant.gemm.weight_gather import gather_weight, weight_sharding
 from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
+from lpjax.quant.export import PackedWeight, export_weights
 
 SCALE_MODES = E8M0_SCALE_MODES
 
@@ -89,4 +91,6 @@ __all__ = [
     # any model or function by interception
     "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
     "stacked_weights",
+    # packed weights for serving
+    "PackedWeight", "export_weights",
 ]
