@@ -1,0 +1,397 @@
+"""Hugging Face LLaMA checkpoints <-> lpjax's LLaMA: config.json + safetensors in, and out.
+
+The Hugging Face layout (`LlamaForCausalLM`): tensors `model.embed_tokens.weight`,
+`model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
+`model.layers.{i}.input_layernorm.weight`, `model.layers.{i}.post_attention_layernorm.weight`,
+`model.norm.weight` and `lm_head.weight` (absent when `tie_word_embeddings`), linear weights in
+PyTorch's (out, in) orientation; lpjax's kernels are (in, out). Both apply RoPE in the half-split
+convention (`rotate_half`, lpjax.models.llama.rope), so q and k need no permutation. Grouped-query
+attention (num_key_value_heads < num_attention_heads) is imported by repeating each k / v head for
+its group of query heads, which is what the attention computes (lpjax's LLaMA has one k / v head
+per query head); tied embeddings become an LM head equal to the embedding table.
+
+Exports (`export_tensors`) write bf16 (or float32) weights, or the linear weights packed in the
+public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`):
+- mxfp4: `<name>.weight_blocks` uint8 (out, in/32, 16), two E2M1 codes a byte (element 2i the
+  low nibble), and `<name>.weight_scales` uint8 E8M0 (out, in/32), as gpt-oss's `*_blocks` /
+  `*_scales`; quant_method "mxfp4".
+- nvfp4: `<name>.weight` uint8 (out, in/2) packed E2M1, `<name>.weight_scale` float8_e4m3fn
+  (out, in/16) and `<name>.weight_scale_2` float32 () = amax_t / 2688, as NVIDIA ModelOpt's
+  checkpoints; quant_method "modelopt", quant_algo "NVFP4". A 16x16 weight tile's scale is
+  repeated for its 16 rows.
+
+Reading and writing use the `safetensors` package (`pip install safetensors`), imported only here.
+
+Examples:
+  >>> import jax, tempfile
+  >>> cfg = LlamaConfig(vocab_size=40, hidden=32, intermediate=64, heads=2, layers=1, max_seq_len=8)
+  >>> params = init_params(cfg, jax.random.key(0))
+  >>> d = tempfile.mkdtemp()
+  >>> save_pretrained(d, cfg, params, dtype="float32")
+  >>> cfg2, params2 = load_pretrained(d, max_seq_len=8)
+  >>> cfg2.hidden, bool((params2["lm_head"]["kernel"][...] == params["lm_head"]["kernel"][...]).all())
+  (32, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from lpjax import quant
+from lpjax.models.llama import LlamaConfig, abstract_model, init_params  # noqa: F401 (examples)
+from lpjax.quant import QuantPolicy, path_str
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+QUANT_LAYOUTS = ("mxfp4", "nvfp4")
+# lpjax module path (after the block) -> Hugging Face module name (after "model.layers.{i}.")
+_BLOCK = {
+    "attn/q_proj": "self_attn.q_proj", "attn/k_proj": "self_attn.k_proj",
+    "attn/v_proj": "self_attn.v_proj", "attn/o_proj": "self_attn.o_proj",
+    "mlp/gate_proj": "mlp.gate_proj", "mlp/up_proj": "mlp.up_proj",
+    "mlp/down_proj": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+}
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+           "F8_E4M3": ml_dtypes.float8_e4m3fn, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
+           "I32": np.int32, "I64": np.int64, "BOOL": np.bool_}
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory that does not hold the model it claims (names every problem)."""
+
+
+def _safetensors():
+  try:
+    import safetensors  # noqa: PLC0415 -- optional: only checkpoint import / export need it
+    import safetensors.numpy  # noqa: PLC0415
+  except ImportError as error:
+    raise ImportError("Reading and writing Hugging Face checkpoints needs the safetensors package: "
+                      "pip install safetensors==0.7.0 (it is in requirements.txt).") from error
+  return safetensors
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HFLayout:
+  """What a Hugging Face config adds to a LlamaConfig: the k / v heads and the tying."""
+
+  kv_heads: int  # num_key_value_heads (GQA when < heads)
+  tied: bool  # tie_word_embeddings: no lm_head.weight, the LM head is the embedding table
+
+
+def llama_config_from_hf(hf: dict, **fields) -> tuple[LlamaConfig, HFLayout]:
+  """(LlamaConfig, HFLayout) of a Hugging Face LLaMA config.json dict; `fields` set the rest
+  (max_seq_len defaults to max_position_embeddings; scan_layers, dtypes, ...)."""
+  problems = []
+  kind = hf.get("model_type", "llama")
+  if kind != "llama":
+    problems.append(f"model_type is {kind!r}, not 'llama'")
+  if hf.get("hidden_act", "silu") != "silu":
+    problems.append(f"hidden_act {hf.get('hidden_act')!r} (lpjax's LLaMA: silu)")
+  for key in ("attention_bias", "mlp_bias"):
+    if hf.get(key):
+      problems.append(f"{key} is true (lpjax's LLaMA has no biases)")
+  if hf.get("rope_scaling"):
+    problems.append(f"rope_scaling {hf['rope_scaling']!r} (lpjax's LLaMA: plain RoPE)")
+  heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
+  kv = int(hf.get("num_key_value_heads") or heads)
+  if hidden % heads or heads % kv:
+    problems.append(f"hidden_size {hidden}, num_attention_heads {heads} and num_key_value_heads "
+                    f"{kv} do not divide")
+  if hf.get("head_dim") not in (None, hidden // max(heads, 1)):
+    problems.append(f"head_dim {hf['head_dim']} is not hidden_size / num_attention_heads")
+  if problems:
+    raise CheckpointError("This Hugging Face config is not a LLaMA lpjax can load: "
+                          + "; ".join(problems) + ".")
+  fields.setdefault("max_seq_len", int(hf.get("max_position_embeddings", 2048)))
+  cfg = LlamaConfig(vocab_size=int(hf["vocab_size"]), hidden=hidden,
+                    intermediate=int(hf["intermediate_size"]), heads=heads,
+                    layers=int(hf["num_hidden_layers"]),
+                    rope_theta=float(hf.get("rope_theta", 10000.0)),
+                    norm_eps=float(hf.get("rms_norm_eps", 1e-6)), **fields)
+  return cfg, HFLayout(kv_heads=kv, tied=bool(hf.get("tie_word_embeddings", False)))
+
+
+def hf_config(cfg: LlamaConfig, dtype: str = "bfloat16") -> dict:
+  """The Hugging Face config.json dict of `cfg` (untied, one k / v head per query head)."""
+  return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+          "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
+          "intermediate_size": cfg.intermediate, "num_attention_heads": cfg.heads,
+          "num_key_value_heads": cfg.heads, "num_hidden_layers": cfg.layers,
+          "head_dim": cfg.hidden // cfg.heads, "max_position_embeddings": cfg.max_seq_len,
+          "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_scaling": None,
+          "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+          "tie_word_embeddings": False, "torch_dtype": dtype}
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def read_tensors(path: str) -> dict[str, np.ndarray]:
+  """Every tensor of a checkpoint directory: model.safetensors, or the shards that
+  model.safetensors.index.json names (or every *.safetensors file when neither exists)."""
+  st = _safetensors()
+  if os.path.exists(os.path.join(path, INDEX)):
+    with open(os.path.join(path, INDEX)) as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+  elif os.path.exists(os.path.join(path, SINGLE)):
+    files = [SINGLE]
+  else:
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise CheckpointError(f"{path} holds no safetensors file ({SINGLE}, or shards named in "
+                          f"{INDEX}).")
+  out = {}
+  for name in files:
+    with open(os.path.join(path, name), "rb") as f:
+      for key, t in st.deserialize(f.read()):
+        if t["dtype"] not in _DTYPES:
+          raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax does "
+                                f"not read ({', '.join(_DTYPES)}).")
+        out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
+  return out
+
+
+def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
+                     max_shard_bytes: int | None = None) -> list[str]:
+  """Writes config.json and the tensors (one model.safetensors, or shards of at most
+  `max_shard_bytes` with model.safetensors.index.json); returns the safetensors file names."""
+  st = _safetensors()
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, CONFIG), "w") as f:
+    json.dump(config, f, indent=2)
+  shards, size = [{}], 0
+  for key in sorted(tensors):
+    n = tensors[key].nbytes
+    if max_shard_bytes and shards[-1] and size + n > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][key] = np.ascontiguousarray(tensors[key])
+    size += n
+  if len(shards) == 1:
+    names = [SINGLE]
+  else:
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
+    with open(os.path.join(path, INDEX), "w") as f:
+      json.dump({"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+                 "weight_map": weight_map}, f, indent=2)
+  for name, shard in zip(names, shards):
+    st.numpy.save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+  return names
+
+
+# --- lpjax params <-> Hugging Face tensors ----------------------------------------------------
+
+
+def _lpjax_path(path) -> str:
+  return path_str(tuple(k for k in path if getattr(k, "name", None) != "value"))
+
+
+def _hf_name(path: str, block: int | None) -> str:
+  """The Hugging Face name of lpjax parameter `path` ("layers/attn/q_proj/kernel") in `block`."""
+  if path == "embed/embedding":
+    return "model.embed_tokens.weight"
+  if path == "norm/scale":
+    return "model.norm.weight"
+  if path == "lm_head/kernel":
+    return "lm_head.weight"
+  module = path.split("/", 1)[1].rsplit("/", 1)[0]
+  return f"model.layers.{block}.{_BLOCK[module]}.weight"
+
+
+def expected_shapes(cfg: LlamaConfig, layout: HFLayout) -> dict[str, tuple[int, ...]]:
+  """{Hugging Face name: shape} of a LLaMA checkpoint of `cfg` / `layout`."""
+  d, f, hd = cfg.hidden, cfg.intermediate, cfg.hidden // cfg.heads
+  out = {"model.embed_tokens.weight": (cfg.vocab_size, d), "model.norm.weight": (d,)}
+  if not layout.tied:
+    out["lm_head.weight"] = (cfg.vocab_size, d)
+  for i in range(cfg.layers):
+    p = f"model.layers.{i}."
+    out.update({p + "self_attn.q_proj.weight": (d, d),
+                p + "self_attn.k_proj.weight": (layout.kv_heads * hd, d),
+                p + "self_attn.v_proj.weight": (layout.kv_heads * hd, d),
+                p + "self_attn.o_proj.weight": (d, d), p + "mlp.gate_proj.weight": (f, d),
+                p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f),
+                p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)})
+  return out
+
+
+def check_tensors(tensors: dict, expected: dict, where: str = "the checkpoint"):
+  """Raises one CheckpointError listing every missing, extra and misshapen tensor."""
+  missing = sorted(set(expected) - set(tensors))
+  extra = sorted(k for k in set(tensors) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+  bad = sorted(f"{k} {tuple(tensors[k].shape)} (expected {expected[k]})"
+               for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
+  if missing or extra or bad:
+    parts = [f"{label} ({len(items)}): {', '.join(items)}"
+             for label, items in (("missing", missing), ("extra", extra), ("misshapen", bad))
+             if items]
+    raise CheckpointError(f"{where} does not match a LLaMA of its config.json: "
+                          + "; ".join(parts) + ".")
+
+
+def _from_hf(tensor: np.ndarray, path: str, cfg: LlamaConfig, layout: HFLayout) -> np.ndarray:
+  """One Hugging Face tensor as lpjax's parameter at `path` (float32)."""
+  t = np.asarray(tensor).astype(np.float32)
+  if path.endswith(("k_proj/kernel", "v_proj/kernel")) and layout.kv_heads != cfg.heads:
+    hd = cfg.hidden // cfg.heads
+    t = np.repeat(t.reshape(layout.kv_heads, hd, cfg.hidden), cfg.heads // layout.kv_heads,
+                  axis=0).reshape(cfg.hidden, cfg.hidden)
+  return t.T if path.endswith("kernel") else t
+
+
+def params_from_tensors(tensors: dict, cfg: LlamaConfig, layout: HFLayout,
+                        policy: QuantPolicy | None = None, where: str = "the checkpoint"):
+  """lpjax LLaMA params (laid out for `policy`: scanned or unrolled) from Hugging Face tensors."""
+  check_tensors(tensors, expected_shapes(cfg, layout), where)
+  _, abstract = abstract_model(cfg, policy)
+  stacked = cfg.scanned(policy if policy is not None else QuantPolicy())
+  dtype = np.dtype(cfg.param_dtype)
+
+  def one(path, leaf):
+    name = _lpjax_path(path)
+    if name == "lm_head/kernel" and layout.tied:
+      return np.asarray(tensors["model.embed_tokens.weight"]).astype(np.float32).T.astype(dtype)
+    if name.startswith("layers/"):
+      if stacked:
+        canonical = name
+        return np.stack([_from_hf(tensors[_hf_name(canonical, i)], canonical, cfg, layout)
+                         for i in range(cfg.layers)]).astype(dtype)
+      _, block, rest = name.split("/", 2)
+      canonical = f"layers/{rest}"
+      return _from_hf(tensors[_hf_name(canonical, int(block))], canonical, cfg,
+                      layout).astype(dtype)
+    return _from_hf(tensors[_hf_name(name, None)], name, cfg, layout).astype(dtype)
+
+  return jax.tree_util.tree_map_with_path(lambda p, x: jax.numpy.asarray(one(p, x)), abstract)
+
+
+def _flat_params(params) -> dict[str, np.ndarray]:
+  """{"layers/{i}/attn/q_proj/kernel" (blocks numbered) or "embed/embedding": float array}."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name, a = _lpjax_path(path), np.asarray(jax.device_get(leaf))
+    if name.startswith("layers/") and not name.split("/")[1].isdigit():  # a scanned stack
+      _, rest = name.split("/", 1)
+      for i in range(a.shape[0]):
+        out[f"layers/{i}/{rest}"] = a[i]
+    else:
+      out[name] = a
+  return out
+
+
+def _pack_mxfp4(w: quant.PackedWeight) -> dict[str, np.ndarray]:
+  out_dim, n_in = w.shape
+  blocks = -(-n_in // 32)
+  codes = np.zeros((out_dim, blocks * 16), np.uint8)
+  codes[:, :w.codes.shape[1]] = w.codes
+  return {"weight_blocks": codes.reshape(out_dim, blocks, 16),
+          "weight_scales": np.asarray(w.scales, np.uint8)}
+
+
+def _pack_nvfp4(w: quant.PackedWeight) -> dict[str, np.ndarray]:
+  out_dim, n_in = w.shape
+  scales = np.asarray(w.scales, np.uint8)
+  if w.format.tile:  # one scale per 16x16 tile: the same for each of its 16 rows
+    scales = np.repeat(scales, 16, axis=0)[:out_dim]
+  amax = np.float32(w.tensor_scale)
+  return {"weight": np.asarray(w.codes, np.uint8),
+          "weight_scale": scales.view(ml_dtypes.float8_e4m3fn),
+          "weight_scale_2": np.asarray(amax / np.float32(2688.0), np.float32)}
+
+
+_FORMATS = {  # layout -> (what the format must be, packer)
+    "mxfp4": (lambda f: (f.element.name, f.scale, f.block_size, f.tile, f.tensor_scale)
+              == ("e2m1", "e8m0", 32, False, False), _pack_mxfp4),
+    "nvfp4": (lambda f: (f.element.name, f.scale, f.block_size, f.tensor_scale)
+              == ("e2m1", "ue4m3", 16, True), _pack_nvfp4),
+}
+
+
+def quantization_config(layout: str, kept: list[str]) -> dict:
+  """The `quantization_config` of config.json for `layout`, `kept`: the modules left in bf16."""
+  if layout == "mxfp4":
+    return {"quant_method": "mxfp4", "modules_to_not_convert": kept}
+  return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+          "exclude_modules": kept, "kv_cache_quant_algo": None}
+
+
+def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
+                   policy: QuantPolicy | None = None) -> tuple[dict, dict]:
+  """(config.json dict, {name: numpy tensor}) of lpjax LLaMA `params` in the Hugging Face layout.
+
+  layout: "bf16" / "float32" (every weight in that dtype), or "mxfp4" / "nvfp4": the linear
+  weights `policy` quantizes are packed as `policy`'s forward GEMMs quantize them
+  (`lpjax.quant.export_weights`, in the model's compute dtype); embeddings, norms and kept layers
+  stay bf16.
+  """
+  flat = _flat_params(params)
+  dtype = np.float32 if layout == "float32" else ml_dtypes.bfloat16
+  config = hf_config(cfg, "float32" if layout == "float32" else "bfloat16")
+  packed = {}
+  if layout in QUANT_LAYOUTS:
+    if policy is None:
+      raise ValueError(f"layout={layout!r} needs the policy the model was trained with.")
+    policy = policy.for_model(num_blocks=cfg.layers)
+    packed = quant.export_weights(params, policy, dtype=cfg.compute_dtype)
+    fits, _ = _FORMATS[layout]
+    wrong = sorted({w.recipe + " (" + w.format.name + ")" for w in packed.values()
+                    if not fits(w.format)})
+    if wrong:
+      raise ValueError(f"--format={layout} cannot hold what the run trained: its weights were "
+                       f"quantized by {', '.join(wrong)}. What you train is what you serve: "
+                       "export the format the run's recipe uses, or bf16.")
+  elif layout not in ("bf16", "float32"):
+    raise ValueError(f"Unknown layout {layout!r}; valid: bf16, float32, mxfp4, nvfp4.")
+  tensors, kept = {}, []
+  for name, a in flat.items():
+    block = int(name.split("/")[1]) if name.startswith("layers/") else None
+    canonical = f"layers/{name.split('/', 2)[2]}" if block is not None else name
+    hf = _hf_name(canonical, block)
+    if name in packed:
+      for suffix, t in _FORMATS[layout][1](packed[name]).items():
+        tensors[hf[:-len("weight")] + suffix] = t
+      continue
+    if layout in QUANT_LAYOUTS and name.endswith("kernel"):
+      kept.append(hf[:-len(".weight")])
+    tensors[hf] = (a.T if name.endswith("kernel") else a).astype(np.float32).astype(dtype)
+  if layout in QUANT_LAYOUTS:
+    config["quantization_config"] = quantization_config(layout, sorted(kept))
+  return config, tensors
+
+
+def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat16",
+                    policy: QuantPolicy | None = None, max_shard_bytes: int | None = None):
+  """Writes `params` as a Hugging Face LLaMA checkpoint directory (`dtype`: "bfloat16",
+  "float32", "mxfp4" or "nvfp4"; see `export_tensors`)."""
+  layout = {"bfloat16": "bf16"}.get(dtype, dtype)
+  config, tensors = export_tensors(cfg, params, layout=layout, policy=policy)
+  write_checkpoint(path, config, tensors, max_shard_bytes)
+
+
+def load_pretrained(path: str, policy: QuantPolicy | None = None, **fields):
+  """(LlamaConfig, params) of a Hugging Face LLaMA checkpoint directory; `fields` complete the
+  LlamaConfig (max_seq_len, scan_layers, param_dtype, ...). Missing, extra or misshapen tensors
+  raise one CheckpointError that lists them."""
+  config_path = os.path.join(path, CONFIG)
+  if not os.path.exists(config_path):
+    raise CheckpointError(f"{path} has no {CONFIG}: give the directory of a Hugging Face LLaMA "
+                          "checkpoint (config.json + *.safetensors).")
+  with open(config_path) as f:
+    hf = json.load(f)
+  if hf.get("quantization_config"):
+    raise CheckpointError(f"{path} is quantized ({hf['quantization_config'].get('quant_method')}); "
+                          "lpjax imports bf16 / fp16 / fp32 checkpoints.")
+  cfg, layout = llama_config_from_hf(hf, **fields)
+  return cfg, params_from_tensors(read_tensors(path), cfg, layout, policy, where=path)
