@@ -345,6 +345,9 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
       raise ValueError(f"layout={layout!r} needs the policy the model was trained with.")
     policy = policy.for_model(num_blocks=cfg.layers)
     packed = quant.export_weights(params, policy, dtype=cfg.compute_dtype)
+    if not packed:
+      raise ValueError(f"--format={layout}: the policy quantizes no linear weight (its last step "
+                       "ran every layer in high precision); export bf16.")
     fits, _ = _FORMATS[layout]
     wrong = sorted({w.recipe + " (" + w.format.name + ")" for w in packed.values()
                     if not fits(w.format)})

@@ -108,6 +108,12 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
     c.model.scan_layers = True  # scan one block over the layers (fast compiles); off: unrolled
     c.model.remat = False  # recompute each block's activations in the backward pass
     c.model.vocab_chunks = 0  # LM head + loss over this many vocabulary slices (0/1: all at once)
+    # "hf:PATH": start from a Hugging Face LLaMA checkpoint directory (config.json + safetensors;
+    # its sizes replace model.size); with model.factory, model.init_converter maps its tensors
+    c.model.init_from = ""
+    # "package.module:function(tensors, params) -> params": a model.factory model's params from
+    # the init_from checkpoint's {name: numpy array} (lpjax's LLaMA needs none)
+    c.model.init_converter = ""
   if task == "classification":
     c.model.num_classes = 0  # 0: the dataset's number of classes
     c.model.stem = ""  # "imagenet" (7x7/2 + max-pool) | "small" (3x3/1); "": by image size

@@ -13,14 +13,17 @@ Examples:
 from __future__ import annotations
 
 import functools
+import importlib
+import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from lpjax import data as lpdata
-from lpjax.models import llama
+from lpjax.models import hf_llama, llama
 from lpjax.train import config as cfg_lib
 from lpjax.train._tasks.base import Task
 from lpjax.train._user_model import Expected, user_model
@@ -78,10 +81,50 @@ def chunked_cross_entropy(features, head, vocab: int, targets, chunks: int):
   return jnp.mean(loss), loss.size
 
 
+HF_PREFIX = "hf:"
+
+
+def init_checkpoint(config) -> str | None:
+  """The Hugging Face checkpoint directory of `model.init_from` ("hf:PATH"), or None."""
+  spec = config.model.get("init_from", "")
+  if not spec:
+    return None
+  if not spec.startswith(HF_PREFIX):
+    raise cfg_lib.ConfigError(f"model.init_from={spec!r}: give hf:PATH, the directory of a "
+                              "Hugging Face LLaMA checkpoint (config.json + *.safetensors).")
+  path = spec[len(HF_PREFIX):]
+  if not os.path.isfile(os.path.join(path, hf_llama.CONFIG)):
+    raise cfg_lib.ConfigError(f"model.init_from={spec!r}: {path} has no {hf_llama.CONFIG}; give "
+                              "the directory of a Hugging Face checkpoint.")
+  return path
+
+
+def _hf_llama_config(config, path: str, vocab_size: int) -> llama.LlamaConfig:
+  """The LlamaConfig of the init_from checkpoint (its sizes; the run's sequence and dtypes)."""
+  m = config.model
+  with open(os.path.join(path, hf_llama.CONFIG)) as f:
+    hf = json.load(f)
+  try:
+    cfg, _ = hf_llama.llama_config_from_hf(
+        hf, max_seq_len=m.max_seq_len or config.seq_len, remat=m.remat,
+        scan_layers=m.scan_layers, compute_dtype=m.compute_dtype, param_dtype=m.param_dtype)
+  except hf_llama.CheckpointError as error:
+    raise cfg_lib.ConfigError(f"model.init_from: {error}") from error
+  if cfg.vocab_size < vocab_size or (m.vocab_size and m.vocab_size != cfg.vocab_size):
+    raise cfg_lib.ConfigError(
+        f"model.init_from: the checkpoint's vocabulary has {cfg.vocab_size} tokens, but the data's "
+        f"tokenizer has {vocab_size} (model.vocab_size={m.vocab_size}); use the checkpoint's "
+        "tokenizer (data.tokenizer) so that token ids mean the same words.")
+  return cfg
+
+
 def llama_config_of(config, vocab_size: int) -> llama.LlamaConfig:
   """The LlamaConfig of a run's `config.model` (`vocab_size`: the data's, unless the config sets
-  one)."""
+  one; with model.init_from, the checkpoint's sizes)."""
   m = config.model
+  path = init_checkpoint(config)
+  if path is not None:
+    return _hf_llama_config(config, path, vocab_size)
   return llama.LlamaConfig.from_size(
       m.size, vocab_size=m.vocab_size or vocab_size, max_seq_len=m.max_seq_len or config.seq_len,
       remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
@@ -133,9 +176,31 @@ class LanguageModelTask(Task):
     self._apply = functools.partial(llama.apply, self.graphdef, self.model_config)
 
   def init_variables(self, key):
+    path = init_checkpoint(self.config)
     if self.user is not None:
-      return self.user.init_variables(key)
+      params, state = self.user.init_variables(key)
+      if path is not None:
+        params = self._converted(path, params)
+      return params, state
+    if path is not None:
+      return hf_llama.load_pretrained(path, self.policy, **self._hf_fields())[1], None
     return llama.init_params(self.model_config, key, self.policy), None
+
+  def _hf_fields(self):
+    c = self.model_config
+    return dict(max_seq_len=c.max_seq_len, remat=c.remat, scan_layers=c.scan_layers,
+                compute_dtype=c.compute_dtype, param_dtype=c.param_dtype)
+
+  def _converted(self, path, params):
+    """A model.factory model's params from the checkpoint, by model.init_converter."""
+    spec = self.config.model.get("init_converter", "")
+    if not spec:
+      raise cfg_lib.ConfigError("model.init_from with model.factory needs model.init_converter="
+                                "package.module:function, which maps the checkpoint's tensors "
+                                "({name: numpy array}) onto your model's params.")
+    module, _, name = spec.partition(":")
+    convert = getattr(importlib.import_module(module), name)
+    return convert(hf_llama.read_tensors(path), params)
 
   def stacked_layers(self, params):
     if self.user is not None:
@@ -187,11 +252,15 @@ class LanguageModelTask(Task):
   def describe(self):
     if self.user is not None:
       return {"model": self.config.model.factory}
+    if init_checkpoint(self.config):
+      return {"model": self.config.model.init_from}
     return {"model": self.config.model.size}
 
   def model_description(self):
     if self.user is not None:
       return self.user.describe()
+    if init_checkpoint(self.config):
+      return f"lpjax LLaMA from {self.config.model.init_from}"
     return f"lpjax LLaMA {self.config.model.size}"
 
   def quant_report(self, policy):

@@ -1,0 +1,113 @@
+"""python -m lpjax.export --workdir=W --out=D --format={bf16,mxfp4,nvfp4}: a training run's newest
+checkpoint as a Hugging Face LLaMA checkpoint (config.json + safetensors).
+
+The run is read as the trainer reads it (lpjax.train): its config (<workdir>/config.json), its
+newest checkpoint (<workdir>/checkpoints) and the precision schedule's state saved with it, which
+give the policy the run's forward pass used at its last step. bf16 writes the master weights
+rounded to bf16; mxfp4 / nvfp4 pack the linear weights that policy quantizes exactly as its
+forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax.models.hf_llama has the layouts),
+and keep embeddings, norms and the layers the policy kept in bf16.
+
+Examples:
+  python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_mxfp4 --format=mxfp4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+FORMATS = ("bf16", "mxfp4", "nvfp4")
+
+
+class ExportError(RuntimeError):
+  """The workdir cannot be exported (no run, no checkpoint, not lpjax's LLaMA)."""
+
+
+def load_run(workdir: str):
+  """(LlamaConfig, params, policy, step) of the newest checkpoint of the run in `workdir`."""
+  import jax  # noqa: PLC0415 -- `--help` stays instant
+  import ml_collections  # noqa: PLC0415
+
+  from lpjax.models import llama  # noqa: PLC0415
+  from lpjax.train import PrecisionController, make_optimizer  # noqa: PLC0415
+  from lpjax.train._checkpoint import Checkpointer  # noqa: PLC0415
+  from lpjax.train._step import init_state  # noqa: PLC0415
+  from lpjax.train._tasks.lm import llama_config_of  # noqa: PLC0415
+
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(config_path):
+    raise ExportError(f"{workdir} holds no training run ({config_path} is missing): give the "
+                      "--workdir a train.py run wrote.")
+  with open(config_path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if config.task != "lm" or config.model.get("factory", ""):
+    raise ExportError(f"{workdir} trained {config.model.get('factory') or config.model.name}; "
+                      "the Hugging Face export is for lpjax's LLaMA. For another model, "
+                      "lpjax.quant.export_weights(params, policy) gives its packed weights.")
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  step = ckpt.latest_step()
+  if step is None:
+    raise ExportError(f"{workdir}/checkpoints holds no checkpoint yet; train (or wait for the "
+                      "first checkpoint_every) first.")
+  structure = ckpt.saved_structure(step)
+  vocab = next(shape[0] for path, (shape, _) in structure.items()
+               if path.startswith("params/embed/embedding"))
+  cfg = llama_config_of(config, vocab)
+  controller = PrecisionController(config)
+  meta = ckpt.saved_meta(step) or {}
+  controller.load(meta.get("precision", {}))
+  policy = controller.policy_at(int(step) - 1)  # the policy of the last step trained
+
+  def abstract_state():
+    params = llama.init_params(cfg, jax.random.key(0), controller.policy)
+    tx = make_optimizer(config, stacked_layers=lambda p: llama.stacked_layers(
+        cfg, p, controller.policy))
+    return init_state(params, None, tx, loss_scale=config.quant.loss_scale)
+
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        jax.eval_shape(abstract_state))
+  state, _ = ckpt.restore(step, target)
+  ckpt.close()
+  return cfg, state.params, policy, int(step)
+
+
+def export(workdir: str, out: str, fmt: str) -> dict:
+  """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict."""
+  from lpjax.models import hf_llama  # noqa: PLC0415
+
+  if fmt not in FORMATS:
+    raise ExportError(f"--format={fmt!r}; valid: {', '.join(FORMATS)}.")
+  cfg, params, policy, step = load_run(workdir)
+  try:
+    hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy)
+  except ValueError as error:
+    raise ExportError(str(error)) from error
+  files = sorted(f for f in os.listdir(out) if f.endswith((".safetensors", ".json")))
+  return {"step": step, "format": fmt, "out": out, "files": files,
+          "bytes": sum(os.path.getsize(os.path.join(out, f)) for f in files)}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m lpjax.export", description=__doc__.split(
+      "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="the train.py run's directory")
+  parser.add_argument("--out", required=True, help="the Hugging Face checkpoint directory to write")
+  parser.add_argument("--format", default="bf16", choices=FORMATS,
+                      help="bf16 weights, or the run's MXFP4 / NVFP4 packed linear weights")
+  args = parser.parse_args(argv)
+  try:
+    summary = export(args.workdir, args.out, args.format)
+  except ExportError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 1
+  print(f"Exported step {summary['step']} of {args.workdir} as {args.format} to {args.out} "
+        f"({summary['bytes'] / 1e6:.2f} MB: {', '.join(summary['files'])}).")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
