@@ -1,0 +1,104 @@
+"""A Hugging Face checkpoint in (model.init_from=hf:PATH), a few FP4 steps, the run out
+(python -m lpjax.export): the trainer starts from the checkpoint's weights, and the export holds
+what the run's forward pass used."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+
+from config_helpers import config_file, override  # noqa: E402
+from lpjax import export as lpexport  # noqa: E402
+from lpjax import quant  # noqa: E402
+from lpjax.models import hf_llama, llama  # noqa: E402
+from lpjax.train import ConfigError  # noqa: E402
+from lpjax.train._trainer import Trainer  # noqa: E402
+
+V, D, F, H, KV, L = 257, 64, 96, 4, 2, 2
+
+
+def _hf(path, tied=True):
+  rng = np.random.default_rng(0)
+  w = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)
+  t = {"model.embed_tokens.weight": w(V, D), "model.norm.weight": np.ones(D, np.float32)}
+  for i in range(L):
+    p = f"model.layers.{i}."
+    t.update({p + "self_attn.q_proj.weight": w(D, D), p + "self_attn.k_proj.weight": w(KV * D // H, D),
+              p + "self_attn.v_proj.weight": w(KV * D // H, D), p + "self_attn.o_proj.weight": w(D, D),
+              p + "mlp.gate_proj.weight": w(F, D), p + "mlp.up_proj.weight": w(F, D),
+              p + "mlp.down_proj.weight": w(D, F), p + "input_layernorm.weight": w(D) + 1,
+              p + "post_attention_layernorm.weight": w(D) + 1})
+  config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
+            "num_attention_heads": H, "num_key_value_heads": KV, "num_hidden_layers": L,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied}
+  hf_llama.write_checkpoint(str(path), config, t)
+  return t
+
+
+def _config(hf_path, steps, recipe="mxfp4_naive"):
+  c = config_file("llama_tiny_mxfp4")
+  return override(c, steps=steps, eval_every=0, checkpoint_every=0, eval_steps=1, log_every=1,
+                  progress_bar=False, batch_size=8, seq_len=16,
+                  **{"data.prefetch": 0, "optimizer.warmup_steps": 1, "quant.recipe": recipe,
+                     "model.init_from": f"hf:{hf_path}"})
+
+
+def test_init_from_starts_from_the_checkpoint(tmp_path):
+  tensors = _hf(tmp_path / "hf")
+  trainer = Trainer(_config(tmp_path / "hf", 1), str(tmp_path / "run"))
+  cfg = trainer.task.model_config
+  assert (cfg.hidden, cfg.intermediate, cfg.heads, cfg.layers, cfg.vocab_size) == (D, F, H, L, V)
+  params = trainer.init_state().params
+  np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"][...]),
+                                tensors["model.embed_tokens.weight"])
+  np.testing.assert_array_equal(np.asarray(params["lm_head"]["kernel"][...]),  # tied
+                                tensors["model.embed_tokens.weight"].T)
+  np.testing.assert_array_equal(np.asarray(params["layers"]["mlp"]["down_proj"]["kernel"][...][1]),
+                                tensors["model.layers.1.mlp.down_proj.weight"].T)
+
+
+def test_a_bad_init_from_is_a_config_error(tmp_path):
+  with pytest.raises(ConfigError, match="hf:PATH"):
+    Trainer(override(_config(tmp_path, 1), **{"model.init_from": str(tmp_path)}),
+            str(tmp_path / "a"))
+  with pytest.raises(ConfigError, match="has no config.json"):
+    Trainer(_config(tmp_path / "nowhere", 1), str(tmp_path / "b"))
+
+
+def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
+  _hf(tmp_path / "hf")
+  trainer = Trainer(_config(tmp_path / "hf", 3), str(tmp_path / "run"))
+  trainer.run()
+  state = trainer.restore_or_init()[0]
+  params, cfg = state.params, trainer.task.model_config
+  assert lpexport.main([f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'mx'}",
+                        "--format=mxfp4"]) == 0
+  assert lpexport.main([f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'bf16'}",
+                        "--format=bf16"]) == 0
+  assert lpexport.main([f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'nv'}",
+                        "--format=nvfp4"]) == 1  # not what the run trained
+  with open(tmp_path / "mx" / "config.json") as f:
+    assert json.load(f)["quantization_config"]["quant_method"] == "mxfp4"
+  packed = hf_llama.read_tensors(str(tmp_path / "mx"))
+  op = quant.get_recipe("mxfp4_naive").fwd.rhs
+  kernel = np.asarray(params["layers"]["attn"]["q_proj"]["kernel"][...][1])
+  want = np.asarray(quant.fake_quant_operand(jnp.asarray(kernel.T), op, axis=-1))
+  blocks = packed["model.layers.1.self_attn.q_proj.weight_blocks"]
+  scales = packed["model.layers.1.self_attn.q_proj.weight_scales"]
+  codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(D, -1)
+  e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+  got = e2m1[codes] * np.repeat(np.exp2(scales.astype(np.float32) - 127), 32, axis=1)
+  assert np.array_equal(got, want)
+  assert packed["model.embed_tokens.weight"].dtype.name == "bfloat16"
+  # the bf16 export imports back as the trained weights rounded to bf16
+  cfg2, back = hf_llama.load_pretrained(str(tmp_path / "bf16"), max_seq_len=cfg.max_seq_len)
+  assert (cfg2.hidden, cfg2.layers, cfg2.vocab_size) == (cfg.hidden, cfg.layers, cfg.vocab_size)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)):
+    assert np.array_equal(np.asarray(a).astype(jnp.bfloat16).astype(np.float32), np.asarray(b))
+  assert os.path.getsize(tmp_path / "mx" / "model.safetensors") < os.path.getsize(
+      tmp_path / "bf16" / "model.safetensors")
