@@ -1,7 +1,8 @@
 """Hugging Face LLaMA checkpoints <-> lpjax's LLaMA: config.json + safetensors in, and out.
 
 The Hugging Face layout (`LlamaForCausalLM`): tensors `model.embed_tokens.weight`,
-`model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
+`model.layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
+`model.layers.{i}.mlp.{gate,up,down}_proj.weight`,
 `model.layers.{i}.input_layernorm.weight`, `model.layers.{i}.post_attention_layernorm.weight`,
 `model.norm.weight` and `lm_head.weight` (absent when `tie_word_embeddings`), linear weights in
 PyTorch's (out, in) orientation; lpjax's kernels are (in, out). Both apply RoPE in the half-split
@@ -29,7 +30,8 @@ Examples:
   >>> d = tempfile.mkdtemp()
   >>> save_pretrained(d, cfg, params, dtype="float32")
   >>> cfg2, params2 = load_pretrained(d, max_seq_len=8)
-  >>> cfg2.hidden, bool((params2["lm_head"]["kernel"][...] == params["lm_head"]["kernel"][...]).all())
+  >>> same = params2["lm_head"]["kernel"][...] == params["lm_head"]["kernel"][...]
+  >>> cfg2.hidden, bool(same.all())
   (32, True)
 """
 

@@ -22,7 +22,7 @@ Examples:
   ...           "norm": {"scale": jnp.ones(64)}}
   >>> packed = export_weights(params, QuantPolicy(recipe="nvfp4", keep_high_precision=()))
   >>> w = packed["mlp/up/kernel"]
-  >>> w.format.name, w.codes.shape, w.scales.shape, w.tensor_scale.shape  # W^T (32, 64) in 16x16 tiles
+  >>> w.format.name, w.codes.shape, w.scales.shape, w.tensor_scale.shape  # W^T, 16x16 tiles
   ('nvfp4_16x16', (32, 32), (2, 4), ())
   >>> bool((w.dequantize() == fake_quant(params["mlp"]["up"]["kernel"].T, "nvfp4_16x16")).all())
   True

@@ -39,9 +39,8 @@ def _hf_tensors(kv_heads: int, tied: bool, seed: int = 0) -> dict:
               p + "self_attn.o_proj.weight": w(HIDDEN, HIDDEN),
               p + "mlp.gate_proj.weight": w(FFN, HIDDEN), p + "mlp.up_proj.weight": w(FFN, HIDDEN),
               p + "mlp.down_proj.weight": w(HIDDEN, FFN),
-              p + "input_layernorm.weight": (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
-              p + "post_attention_layernorm.weight":
-                  (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)})
+              p + "input_layernorm.weight": 1 + w(HIDDEN),
+              p + "post_attention_layernorm.weight": 1 + w(HIDDEN)})
   return t
 
 

@@ -28,8 +28,9 @@ def _hf(path, tied=True):
   t = {"model.embed_tokens.weight": w(V, D), "model.norm.weight": np.ones(D, np.float32)}
   for i in range(L):
     p = f"model.layers.{i}."
-    t.update({p + "self_attn.q_proj.weight": w(D, D), p + "self_attn.k_proj.weight": w(KV * D // H, D),
-              p + "self_attn.v_proj.weight": w(KV * D // H, D), p + "self_attn.o_proj.weight": w(D, D),
+    t.update({p + "self_attn.q_proj.weight": w(D, D), p + "self_attn.o_proj.weight": w(D, D),
+              p + "self_attn.k_proj.weight": w(KV * D // H, D),
+              p + "self_attn.v_proj.weight": w(KV * D // H, D),
               p + "mlp.gate_proj.weight": w(F, D), p + "mlp.up_proj.weight": w(F, D),
               p + "mlp.down_proj.weight": w(D, F), p + "input_layernorm.weight": w(D) + 1,
               p + "post_attention_layernorm.weight": w(D) + 1})
