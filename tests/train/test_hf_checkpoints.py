@@ -103,3 +103,19 @@ def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
     assert np.array_equal(np.asarray(a).astype(jnp.bfloat16).astype(np.float32), np.asarray(b))
   assert os.path.getsize(tmp_path / "mx" / "model.safetensors") < os.path.getsize(
       tmp_path / "bf16" / "model.safetensors")
+
+
+def embed_converter(tensors, params):
+  """model.init_converter of the factory test: the checkpoint's embedding into TinyLM's."""
+  return {**params, "embed": {"embedding": jnp.asarray(tensors["model.embed_tokens.weight"])}}
+
+
+def test_a_factory_model_takes_a_converter(tmp_path):
+  tensors = _hf(tmp_path / "hf")
+  c = override(_config(tmp_path / "hf", 1), **{"model.factory": "examples.own_model:tiny_lm"})
+  with pytest.raises(ConfigError, match="model.init_converter"):
+    Trainer(c, str(tmp_path / "a")).init_state()
+  c = override(c, **{"model.init_converter": f"{__name__}:embed_converter"})
+  params = Trainer(c, str(tmp_path / "b")).init_state().params
+  np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"]),
+                                tensors["model.embed_tokens.weight"])

@@ -199,7 +199,12 @@ class LanguageModelTask(Task):
                                 "package.module:function, which maps the checkpoint's tensors "
                                 "({name: numpy array}) onto your model's params.")
     module, _, name = spec.partition(":")
-    convert = getattr(importlib.import_module(module), name)
+    try:
+      convert = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+      raise cfg_lib.ConfigError(f"model.init_converter={spec!r} does not load ({error}); give "
+                                "package.module:function, importable from the working "
+                                "directory.") from error
     return convert(hf_llama.read_tensors(path), params)
 
   def stacked_layers(self, params):
