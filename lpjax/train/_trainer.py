@@ -87,13 +87,14 @@ class Trainer:
   # --- state ----------------------------------------------------------------------------------
 
   def init_state(self) -> TrainState:
-    def init(key):
-      params, model_state = self.task.init_variables(key)
+    def init(key, pretrained):
+      params, model_state = (self.task.init_variables(key) if pretrained is None else pretrained)
       return init_state(params, model_state, self.tx, loss_scale=self.config.quant.loss_scale)
 
     key = jax.random.key(self.config.seed)
-    abstract = jax.eval_shape(init, key)
-    return jax.jit(init, out_shardings=self.state_shardings(abstract))(key)
+    pretrained = self.task.pretrained_variables()  # model.init_from: arguments, not constants
+    abstract = jax.eval_shape(init, key, pretrained)
+    return jax.jit(init, out_shardings=self.state_shardings(abstract))(key, pretrained)
 
   def state_shardings(self, abstract_state):
     """Params by the partition rules; optimizer moments like the params they mirror."""

@@ -35,6 +35,11 @@ class Task(abc.ABC):
 
     return jax.tree.map(lambda _: False, params)
 
+  def pretrained_variables(self) -> tuple[Any, Any] | None:
+    """(params, model_state) loaded from a checkpoint (model.init_from), as host arrays that the
+    trainer places on its mesh, or None: `init_variables` builds them. Default: None."""
+    return None
+
   @abc.abstractmethod
   def init_variables(self, key) -> tuple[Any, Any]:
     """(params, model_state); model_state is None or a pytree (e.g. BatchNorm statistics)."""

@@ -175,6 +175,14 @@ class LanguageModelTask(Task):
     self.graphdef, _ = llama.abstract_model(self.model_config, self.policy)
     self._apply = functools.partial(llama.apply, self.graphdef, self.model_config)
 
+  def pretrained_variables(self):
+    """lpjax's LLaMA from model.init_from, read once on the host (a jitted init would hold the
+    weights as constants of its program)."""
+    path = init_checkpoint(self.config)
+    if path is None or self.user is not None:
+      return None
+    return hf_llama.load_pretrained(path, self.policy, **self._hf_fields())[1], None
+
   def init_variables(self, key):
     path = init_checkpoint(self.config)
     if self.user is not None:
