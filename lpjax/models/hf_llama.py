@@ -19,7 +19,10 @@ public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`):
 - nvfp4: `<name>.weight` uint8 (out, in/2) packed E2M1, `<name>.weight_scale` float8_e4m3fn
   (out, in/16) and `<name>.weight_scale_2` float32 () = amax_t / 2688, as NVIDIA ModelOpt's
   checkpoints; quant_method "modelopt", quant_algo "NVFP4". A 16x16 weight tile's scale is
-  repeated for its 16 rows.
+  repeated for its 16 rows. Codes, block scales and amax_t are the run's bits; a decoder that
+  forms e2m1 * (s_b * weight_scale_2) rounds in another order than lpjax's
+  e2m1 * ((s_b * amax_t) * fl32(1/2688)) (docs/numerics.md section 5), so its float32 values can
+  differ from the forward pass's by up to two ulps.
 
 Reading and writing use the `safetensors` package (`pip install safetensors`), imported only here.
 

@@ -1,7 +1,7 @@
 """export_weights: the packed weights a policy's forward GEMMs multiply, per weight, for serving.
 
 For every 2-D `kernel` (K, N) of a model's params (a dense layer's weight, contracted on its first
-axis, as `lpjax.nn.QDense` holds it), the forward GEMM quantizes W^T (N, K) along K with the
+axis, as `dot_general` takes it), the forward GEMM quantizes W^T (N, K) along K with the
 recipe's W operand quantizer (`recipe.fwd.rhs`, lpjax.quant.gemm.dot_general). `export_weights`
 runs that same quantizer (`lpjax.quant.gemm.operand.pack`) and returns its QArray pieces, so the
 exported codes decode to exactly the values the training run's forward pass used: NVFP4's 16x16
