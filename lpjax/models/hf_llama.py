@@ -158,12 +158,17 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
                           f"{INDEX}).")
   out = {}
   for name in files:
-    with open(os.path.join(path, name), "rb") as f:
-      for key, t in st.deserialize(f.read()):
-        if t["dtype"] not in _DTYPES:
-          raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax does "
-                                f"not read ({', '.join(_DTYPES)}).")
-        out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
+    file = os.path.join(path, name)
+    try:  # memory-mapped, one tensor at a time
+      with st.safe_open(file, framework="numpy") as f:
+        out.update({key: f.get_tensor(key) for key in f.keys()})
+    except (AttributeError, TypeError, KeyError):  # a dtype numpy lacks (FP8 scales): by hand
+      with open(file, "rb") as f:
+        for key, t in st.deserialize(f.read()):
+          if t["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax "
+                                  f"does not read ({', '.join(_DTYPES)}).") from None
+          out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
   return out
 
 
