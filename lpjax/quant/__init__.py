@@ -18,6 +18,7 @@ Inside, the layers, each importing only those before it (tests/test_architecture
 | `policy` | QuantPolicy: which call site gets which recipe |
 | `gemm/` | quantized dot_general / einsum / conv, kernel dispatch, FP4 weight gather |
 | `intercept/` | any function's or model's GEMMs through a policy |
+| `monitor/` | per-site numerics of the quantized GEMMs, and the precision advisor |
 
 Each sub-package's docstring says what it offers to the rest of lpjax (lpjax.pallas and lpjax.nn
 use those modules); the names re-exported here are the API users call.
@@ -70,6 +71,10 @@ from lpjax.quant.gemm.weight_gather import gather_weight, weight_sharding
 from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
 
+# Where FP4 hurts: per-site numerics and the precision advisor (docs/numerics_monitor.md).
+from lpjax.quant.monitor.site_stats import site_stats
+from lpjax.quant.monitor.table import SiteStats
+
 SCALE_MODES = E8M0_SCALE_MODES
 
 __all__ = [
@@ -89,4 +94,6 @@ __all__ = [
     # any model or function by interception
     "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
     "stacked_weights",
+    # per-site numerics and the precision advisor
+    "SiteStats", "site_stats",
 ]
