@@ -9,7 +9,8 @@ and returns float32 scalars, one per name of `STATS` (docs/numerics_monitor.md):
 - saturated: fraction of elements clipped at the element format's largest magnitude;
 - flushed: fraction of the non-zero elements that became zero;
 - scale_min / scale_max / scale_std: floor(log2) of the blocks' decoded scales (the e8m0 exponent
-  of MX formats; of NVFP4's s_b * amax_t / 2688), over the blocks that are not all zero;
+  of MX formats; of NVFP4's s_b * amax_t / 2688), over the blocks that are not all zero and whose
+  scale did not underflow to zero;
 - clamped_scales: fraction of the blocks that are not all zero whose scale the scale format could
   not represent and clamped (e8m0: the exponent out of [-127, 127]; ue4m3: s_b underflowed to 0
   or would exceed 448; fp32: 1 / scale beyond FLT_MAX).
@@ -49,10 +50,11 @@ def operand_numerics(xs, x_hat, q, op) -> dict:
   err = jnp.sum(jnp.square(xs - x_hat))
   power = jnp.sum(jnp.square(xs))
   safe = lambda v: jnp.where(v > 0, v, 1.0)
+  nonzero = _nonzero(xs)
   out = dict(
       snr_db=jnp.where(err > 0, 10.0 * jnp.log10(power / safe(err)), jnp.inf),
       rel_err=jnp.where(power > 0, jnp.sqrt(err) / jnp.sqrt(safe(power)), 0.0),
-      flushed=jnp.sum((xs != 0) & (x_hat == 0)) / jnp.maximum(jnp.sum(xs != 0), 1),
+      flushed=jnp.sum(nonzero & ~_nonzero(x_hat)) / jnp.maximum(jnp.sum(nonzero), 1),
   )
   if q is None:
     out.update(saturated=_NAN, scale_min=_NAN, scale_max=_NAN, scale_std=_NAN,
@@ -63,13 +65,20 @@ def operand_numerics(xs, x_hat, q, op) -> dict:
   return {k: jnp.asarray(out[k], jnp.float32) for k in STATS}
 
 
+def _nonzero(x):
+  """x != 0 on the bits: XLA:CPU compares subnormals as zero."""
+  return (fb.to_bits(x) & jnp.uint32(fb.ABS_MASK)) != 0
+
+
 def _scale_numerics(xs, q, op) -> dict:
   """Block-scale exponents and the clamped fraction, over the blocks that are not all zero."""
   fmt, layout = q.fmt, q.layout
-  amax = jnp.max(jnp.abs(layout.group(xs)), axis=layout.reduce_axes, keepdims=True)
-  amax_bits = fb.to_bits(amax) & jnp.uint32(fb.ABS_MASK)
+  # the block amax on the bits (XLA:CPU's float max flushes subnormals)
+  amax_bits = jnp.max(fb.to_bits(layout.group(xs)) & jnp.uint32(fb.ABS_MASK),
+                      axis=layout.reduce_axes, keepdims=True)
+  amax = fb.from_bits(amax_bits)
   scales = layout.scales_in(q.scales)
-  live = (amax > 0) & jnp.isfinite(amax)
+  live = (amax_bits != 0) & (amax_bits < jnp.uint32(fb.INF_BITS))
   clamped = jnp.zeros(amax.shape, bool)
   if fmt.scale == "e8m0":
     exp = scales.astype(jnp.int32) - 127
@@ -91,7 +100,9 @@ def _scale_numerics(xs, q, op) -> dict:
     if fmt.element.kind != "uint":
       enc = sc.fp32_encode_scale(amax_bits, fmt.element.max_value)
       clamped = enc >= jnp.uint32(sc.FLT_MAX_BITS)
-  live = jnp.broadcast_to(live, exp.shape)
+  clamped = jnp.broadcast_to(live & clamped, exp.shape)
+  n_live = jnp.sum(jnp.broadcast_to(live, exp.shape))
+  live = jnp.broadcast_to(live, exp.shape) & (scales != 0 if fmt.scale != "e8m0" else True)
   n = jnp.sum(live)
   e = exp.astype(jnp.float32)
   mean = jnp.sum(jnp.where(live, e, 0.0)) / jnp.maximum(n, 1)
@@ -101,5 +112,5 @@ def _scale_numerics(xs, q, op) -> dict:
       scale_min=jnp.where(none, _NAN, jnp.min(jnp.where(live, e, jnp.inf))),
       scale_max=jnp.where(none, _NAN, jnp.max(jnp.where(live, e, -jnp.inf))),
       scale_std=jnp.where(none, _NAN, jnp.sqrt(var)),
-      clamped_scales=jnp.where(none, 0.0, jnp.sum(live & clamped) / jnp.maximum(n, 1)),
+      clamped_scales=jnp.sum(clamped) / jnp.maximum(n_live, 1),
   )
