@@ -72,6 +72,7 @@ from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
 
 # Where FP4 hurts: per-site numerics and the precision advisor (docs/numerics_monitor.md).
+from lpjax.quant.monitor.advisor import Advice, advise
 from lpjax.quant.monitor.site_stats import site_stats
 from lpjax.quant.monitor.table import SiteStats
 
@@ -95,5 +96,5 @@ __all__ = [
     "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
     "stacked_weights",
     # per-site numerics and the precision advisor
-    "SiteStats", "site_stats",
+    "Advice", "SiteStats", "advise", "site_stats",
 ]

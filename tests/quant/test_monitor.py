@@ -273,3 +273,45 @@ def test_table_worst_markdown_and_json(outlier_run):
   assert {"path", "gemm", "operand", "snr_db", "rel_err", "saturated", "flushed", "scale_min",
           "scale_max", "scale_std", "clamped_scales", "grad_noise_ratio",
           "loss_delta"} <= set(data["rows"][0])
+
+
+# -- the advisor ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def advice():
+  params = _mlp_params(jax.random.key(0), outlier=True)
+  batches = [_batch(seed) for seed in (11, 12)]
+  return params, quant.advise(_mlp_loss, params, batches, "mxfp4", budget=1,
+                              quant_key=jax.random.key(4))
+
+
+def _loss(policy, params, batch):
+  return float(quant.quantized(_mlp_loss, policy)(params, batch, quant_key=jax.random.key(8)))
+
+
+def test_advisor_keeps_the_outlier_site_and_closes_the_loss_gap(advice):
+  params, adv = advice
+  policy, ranking = adv
+  assert adv.kept == ("l2",) and ranking[0]["path"] == "l2" and ranking[0]["kept"]
+  assert policy.recipe_for("l2").name == "bf16" and policy.recipe_for("l1").name == "mxfp4"
+  assert adv.kept_flops_fraction == pytest.approx(0.25)
+  batch = _batch(seed=21)  # held out
+  hp = _loss(quant.QuantPolicy(recipe="bf16"), params, batch)
+  unadvised = _loss(quant.QuantPolicy(recipe="mxfp4"), params, batch)
+  by_name = _loss(quant.QuantPolicy(recipe="mxfp4", rules=((r"^l3$", "bf16"),)), params, batch)
+  advised = _loss(policy, params, batch)
+  assert abs(advised - hp) < 0.2 * abs(unadvised - hp)
+  assert abs(advised - hp) < 0.2 * abs(by_name - hp)  # the last layer, kept by name: no help
+
+
+def test_advisor_flops_budget_and_errors():
+  params = _mlp_params(jax.random.key(0), outlier=True)
+  batches = [_batch(11)]
+  kw = dict(quant_key=jax.random.key(4))
+  none = quant.advise(_mlp_loss, params, batches, "mxfp4", budget=0.2, **kw)  # < one site (25%)
+  assert none.kept == () and none.policy.rules == () and none.kept_flops_fraction == 0.0
+  one = quant.advise(_mlp_loss, params, batches, "mxfp4", budget=0.3, **kw)
+  assert one.kept == ("l2",)
+  with pytest.raises(ValueError, match="fraction of the GEMM FLOPs"):
+    quant.advise(_mlp_loss, params, batches, "mxfp4", budget=1.5, **kw)
+  with pytest.raises(TypeError, match="budget must be an int"):
+    quant.advise(_mlp_loss, params, batches, "mxfp4", budget="2", **kw)

@@ -119,21 +119,43 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
     (bit-identical to running `target` without measuring). docs/numerics_monitor.md says what
     each statistic means.
   """
-  call_target, pol = resolve(target, policy)
-  if quant_key is not None:
-    kwargs = dict(kwargs, quant_key=quant_key)
-  call = lambda *a: call_target(*a, **kwargs)
-  sites = discover(call, *args)
-  loss, grads, stats = jax.jit(measured_value_and_grad(call, sites))(*args)
-  deltas, hp_loss = {}, None
-  if loss_delta:
-    hp = pol.high_precision if pol is not None else "bf16"
-    f = jax.jit(selected_loss(call, sites, hp))
-    hp_loss = float(f(-1, -1, *args))
-    for key, info in sites.items():
-      for b in range(info.rows):
-        deltas[(key, b)] = float(f(info.index, b, *args)) - hp_loss
-  stats = jax.device_get(stats)
+  measurer = Measurer(target, policy, **kwargs)
+  return measurer(*args, quant_key=quant_key, loss_delta=loss_delta)
+
+
+class Measurer:
+  """`site_stats` for one target, compiled once and run on many arguments of the same shapes
+  (the advisor measures several batches with it). `m(*args, quant_key=, loss_delta=)`."""
+
+  def __init__(self, target: Callable, policy=None, **kwargs):
+    self.call_target, self.policy = resolve(target, policy)
+    self.kwargs = kwargs
+    self.sites = None
+    self._stats = jax.jit(lambda key, *a: measured_value_and_grad(self._call(key), self.sites)(*a))
+    hp = self.policy.high_precision if self.policy is not None else "bf16"
+    self._loss = jax.jit(lambda key, i, b, *a: selected_loss(self._call(key), self.sites, hp)(
+        i, b, *a))
+
+  def _call(self, key):
+    kwargs = self.kwargs if key is None else dict(self.kwargs, quant_key=key)
+    return lambda *a: self.call_target(*a, **kwargs)
+
+  def __call__(self, *args, quant_key=None, loss_delta: bool = False) -> SiteStats:
+    if self.sites is None:
+      self.sites = discover(self._call(quant_key), *args)
+    sites = self.sites
+    loss, grads, stats = self._stats(quant_key, *args)
+    deltas, hp_loss = {}, None
+    if loss_delta:
+      hp_loss = float(self._loss(quant_key, -1, -1, *args))
+      for key, info in sites.items():
+        for b in range(info.rows):
+          deltas[(key, b)] = float(self._loss(quant_key, info.index, b, *args)) - hp_loss
+    return SiteStats(rows=_rows(sites, jax.device_get(stats), deltas), loss=loss, grads=grads,
+                     hp_loss=hp_loss)
+
+
+def _rows(sites: dict, stats: dict, deltas: dict) -> list:
   rows = []
   for key, info in sites.items():
     values = np.asarray(stats[key])
@@ -149,4 +171,4 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
         row["grad_noise_ratio"] = v["grad_noise_ratio"]
         row["loss_delta"] = deltas.get((key, b))
         rows.append(row)
-  return SiteStats(rows=rows, loss=loss, grads=grads, hp_loss=hp_loss)
+  return rows
