@@ -276,6 +276,28 @@ def test_table_worst_markdown_and_json(outlier_run):
           "loss_delta"} <= set(data["rows"][0])
 
 
+def test_a_quantize_model_linen_model_through_its_loss():
+  import flax.linen as nn
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D, name="down")(jnp.tanh(nn.Dense(D, name="up")(x)))
+
+  qmodel = quant.quantize_model(MLP(), quant.QuantPolicy(recipe="mxfp4_naive", rules=(
+      ("^down$", "nvfp4"),)))
+  x = jax.random.normal(jax.random.key(0), (16, D))
+  params = qmodel.init(jax.random.key(1), x)["params"]
+  loss = lambda p, x, quant_key: jnp.mean(qmodel.apply({"params": p}, x, quant_key=quant_key) ** 2)
+  t = quant.site_stats(loss, params, x, quant_key=jax.random.key(2))
+  assert {(r["path"], r["recipe"]) for r in t.rows} == {("up", "mxfp4_naive"), ("down", "nvfp4")}
+  assert len(t.rows) == 12
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss))(params, x, jax.random.key(2))
+  assert np.asarray(ref_loss).tobytes() == np.asarray(t.loss).tobytes()
+  for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(t.grads)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
 # -- the advisor ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def advice():
