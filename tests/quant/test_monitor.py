@@ -298,6 +298,32 @@ def test_a_quantize_model_linen_model_through_its_loss():
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
+def test_lpjax_llama_scanned_blocks_one_row_per_block_and_the_same_bits():
+  from lpjax.models import llama
+  cfg = llama.LlamaConfig(vocab_size=64, hidden=64, intermediate=128, heads=2, layers=2,
+                          max_seq_len=8)
+  policy = quant.QuantPolicy(recipe="mxfp4_naive")
+  graphdef, _ = llama.abstract_model(cfg, policy)
+  params = llama.init_params(cfg, jax.random.key(0), policy)
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
+
+  def loss(params, tokens):
+    logits = llama.apply(graphdef, cfg, params, tokens, policy, None)
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  t = quant.site_stats(loss, params, tokens)
+  layers = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj", "mlp/gate_proj",
+            "mlp/up_proj", "mlp/down_proj")  # the embedding, head and attention products: bf16
+  assert {(r["path"], r["block"]) for r in t.rows} == {
+      (f"layers/{name}", b) for name in layers for b in (0, 1)}
+  assert len(t.rows) == 7 * 2 * 6
+  assert all(10 < r["snr_db"] < 25 for r in t.rows)
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss))(params, tokens)
+  assert np.asarray(ref_loss).tobytes() == np.asarray(t.loss).tobytes()
+  for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(t.grads)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
 # -- the advisor ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def advice():

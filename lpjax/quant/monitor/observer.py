@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Any
@@ -37,6 +38,7 @@ from lpjax.quant import recipes
 from lpjax.quant.gemm import dot_general as dg
 from lpjax.quant.gemm import operand as opq
 from lpjax.quant.intercept import evaluator
+from lpjax.quant.intercept.sites import QUANTIZED, Site
 from lpjax.quant.monitor.operand_numerics import STATS, operand_numerics
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, OperandQuant
 
@@ -104,10 +106,47 @@ def measuring(mode: str, *, sites: dict | None = None, sinks: dict | None = None
                          (num_blocks or 1) if traced_block else 1, bool(folds))
 
   token = evaluator.SITE_OBSERVER.set(site_observer)
+  layers = _LAYERS.set((site_observer, {}, {}))
   try:
     yield state.sites
   finally:
+    _LAYERS.reset(layers)
     evaluator.SITE_OBSERVER.reset(token)
+
+
+# lpjax.nn's layers, which call lpjax.quant.dot_general themselves (not through the interception):
+# while measuring, (the site observer, {layer path: block}, {(path, block label): calls so far}).
+_LAYERS: contextvars.ContextVar = contextvars.ContextVar("lpjax_monitor_layers", default=None)
+
+
+def note_block(path: str, block) -> None:
+  """A layer of lpjax.nn tells the monitor its block (an int, a traced index of a scan over
+  blocks, or None) when the model derives its key (`site_key`); nothing outside a measurement."""
+  active = _LAYERS.get()
+  if active is not None:
+    active[1][path] = block
+
+
+def layer_site(path: str, recipe, num_blocks: int | None = None):
+  """The context a layer of lpjax.nn runs its GEMM in, so that the monitor measures it as the
+  site `path` (in the block it noted); a null context outside a measurement or for a
+  high-precision recipe.
+
+  Examples:
+    >>> with layer_site("mlp/up", None):   # not measuring: nothing happens
+    ...   pass
+  """
+  active = _LAYERS.get()
+  if active is None or recipe.is_high_precision:
+    return contextlib.nullcontext()
+  observe, blocks, counts = active
+  block = blocks.get(path)
+  label = "" if block is None else str(block) if isinstance(block, int) else "scan"
+  count = counts.get((path, label), 0)
+  counts[(path, label)] = count + 1
+  site = Site(path=path, op="dot_general", lhs_shape=(), rhs_shape=(), weight="rhs",
+              weight_path=path, block=label, recipe=str(recipe), status=QUANTIZED)
+  return observe(site, block, num_blocks, count, ())
 
 
 @contextlib.contextmanager
