@@ -100,7 +100,8 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
   Args:
     target: a function returning a scalar loss whose GEMMs the interception runs: one made by
       `lpjax.quant.quantized`, the `apply` of a linen model made by `quantize_model`, a function
-      that calls such models, or any JAX function (then give `policy`).
+      that calls such models or lpjax's own (lpjax.nn layers), or any JAX function (then give
+      `policy`).
     *args: its arguments; the first holds the weights (gradients are taken with respect to it).
     policy: a QuantPolicy or recipe name to measure with, in place of the target's own.
     quant_key: the step's key (stochastic rounding, RHT signs), passed as `quant_key=`.
