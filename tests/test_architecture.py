@@ -28,7 +28,7 @@ LAYERS = (("data", "eval", "optim", "quant"), ("nn", "pallas"), ("models",), ("t
 PACKAGES = tuple(p for layer in LAYERS for p in layer)
 # Inside lpjax.quant, lowest first; "__init__" (the public API) is the top of quant.
 QUANT_LAYERS = ("backends", "numerics", "formats", "codec", "schemes", "recipes", "policy", "gemm",
-                "intercept", "export")
+                "intercept", "monitor", "export")
 NO_FLAX = ("quant", "optim", "pallas")
 
 

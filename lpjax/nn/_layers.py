@@ -32,6 +32,7 @@ from flax.nnx.nn import dtypes, initializers
 
 from lpjax import quant
 from lpjax.quant import GemmRecipe, QuantPolicy, path_str
+from lpjax.quant.monitor import observer as monitor
 
 default_kernel_init = initializers.lecun_normal()
 default_bias_init = initializers.zeros_init()
@@ -61,6 +62,7 @@ class _Quantized(nnx.Module):
     """This layer's key for one step's `key`: `QuantPolicy.site_key` of its path and `block` (the
     derivation that the interception, `lpjax.quant.quantize_model`, gives the same GEMM)."""
     policy = self.policy if self.policy is not None else QuantPolicy()
+    monitor.note_block(self.path, block)  # for lpjax.quant.site_stats (nothing otherwise)
     return policy.site_key(key, self.path, block)
 
   def _key(self, recipe: GemmRecipe, key):
@@ -84,6 +86,11 @@ class _Quantized(nnx.Module):
     x, kernel, bias = dtypes.promote_dtype((x, kernel, bias), dtype=self.dtype)
     recipe = self.active_recipe()
     return x, kernel, bias, recipe, self._key(recipe, key)
+
+  def _monitored(self, recipe: GemmRecipe):
+    """The context of this layer's GEMM: measured as site `path` by lpjax.quant.site_stats."""
+    return monitor.layer_site(self.path, recipe,
+                              self.policy.num_blocks if self.policy is not None else None)
 
   def _sow_stats(self, stats_fn):
     if self.collect_stats:
@@ -110,7 +117,8 @@ class QDense(_Quantized):
     x, kernel, bias, recipe, key = self._prepare(x, key)
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     self._sow_stats(lambda: quant.operand_stats(x, kernel, dn, recipe, key=key))
-    y = quant.dot_general(x, kernel, dn, recipe, key=key, rhs_axes=self.kernel_axes)
+    with self._monitored(recipe):
+      y = quant.dot_general(x, kernel, dn, recipe, key=key, rhs_axes=self.kernel_axes)
     return y if bias is None else y + bias
 
   def columns(self, x, start, size: int, *, key=None, kernel=None):
@@ -172,7 +180,8 @@ class QEinsum(_Quantized):
     recipe = self.active_recipe()
     key = self._key(recipe, key)
     self._sow_stats(lambda: quant.einsum_operand_stats(self.einsum_str, a, b, recipe, key=key))
-    y = quant.einsum(self.einsum_str, a, b, recipe=recipe, key=key)
+    with self._monitored(recipe):
+      y = quant.einsum(self.einsum_str, a, b, recipe=recipe, key=key)
     return y if bias is None else y + bias
 
 
@@ -219,10 +228,11 @@ class QConv(_Quantized):
         x, kernel, self.strides, padding, lhs_dilation=self.input_dilation,
         rhs_dilation=self.kernel_dilation, feature_group_count=self.feature_group_count,
         recipe=recipe, key=key))
-    y = quant.conv_general_dilated(
-        x, kernel, self.strides, padding, lhs_dilation=self.input_dilation,
-        rhs_dilation=self.kernel_dilation, dimension_numbers=dn,
-        feature_group_count=self.feature_group_count, recipe=recipe, key=key)
+    with self._monitored(recipe):
+      y = quant.conv_general_dilated(
+          x, kernel, self.strides, padding, lhs_dilation=self.input_dilation,
+          rhs_dilation=self.kernel_dilation, dimension_numbers=dn,
+          feature_group_count=self.feature_group_count, recipe=recipe, key=key)
     return y if bias is None else y + bias
 
 

@@ -18,6 +18,7 @@ Inside, the layers, each importing only those before it (tests/test_architecture
 | `policy` | QuantPolicy: which call site gets which recipe |
 | `gemm/` | quantized dot_general / einsum / conv, kernel dispatch, FP4 weight gather |
 | `intercept/` | any function's or model's GEMMs through a policy |
+| `monitor/` | per-site numerics of the quantized GEMMs, and the precision advisor |
 | `export` | the packed weights a policy's forward GEMMs multiply, for serving |
 
 Each sub-package's docstring says what it offers to the rest of lpjax (lpjax.pallas and lpjax.nn
@@ -72,6 +73,11 @@ from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
 from lpjax.quant.export import PackedWeight, export_weights
 
+# Where FP4 hurts: per-site numerics and the precision advisor (docs/numerics_monitor.md).
+from lpjax.quant.monitor.advisor import Advice, advise
+from lpjax.quant.monitor.site_stats import site_stats
+from lpjax.quant.monitor.table import SiteStats
+
 SCALE_MODES = E8M0_SCALE_MODES
 
 __all__ = [
@@ -91,6 +97,8 @@ __all__ = [
     # any model or function by interception
     "Report", "Site", "collect_sites", "quantize_model", "quantized", "report",
     "stacked_weights",
+    # per-site numerics and the precision advisor
+    "Advice", "SiteStats", "advise", "site_stats",
     # packed weights for serving
     "PackedWeight", "export_weights",
 ]

@@ -32,8 +32,9 @@ def f32_const_bits(value: float) -> int:
   return int(np.float32(value).view(np.uint32))
 
 
-def e8m0_exponent(amax_bits, element, scale_mode: str):
-  """The block scale exponent k (int32, clamped to [-127, 127]) of docs/numerics.md §4."""
+def e8m0_exponent(amax_bits, element, scale_mode: str, *, clamp: bool = True):
+  """The block scale exponent k (int32, clamped to [-127, 127]) of docs/numerics.md §4
+  (clamp=False: the exponent before that clamp, for the monitor's `clamped_scales`)."""
   if scale_mode == "floor":
     k = fb.exponent(amax_bits) - element.emax
   elif scale_mode == "ceil":
@@ -50,7 +51,7 @@ def e8m0_exponent(amax_bits, element, scale_mode: str):
   else:
     raise ValueError(f"Unknown e8m0 scale mode {scale_mode!r}.")
   # amax == 0 has exponent -150 above, which clamps to -127: scale byte 0x00 (§4).
-  return jnp.clip(k, -127, 127)
+  return jnp.clip(k, -127, 127) if clamp else k
 
 
 def finite_tensor_amax_bits(abs_bits):

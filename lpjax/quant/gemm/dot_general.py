@@ -30,6 +30,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 from typing import Any
@@ -46,6 +47,13 @@ from lpjax.quant.gemm.operand import LHS, RHS
 from lpjax.quant import recipes
 from lpjax.quant.gemm.canonical import canonical
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
+
+
+# The observer of `lpjax.quant.monitor`, set around one GEMM call while it measures: None (always,
+# outside a measurement), or `observer(lhs3, rhs3, key, cfg, fwd, bwd)` returning the canonical
+# product, where `fwd(lhs3, rhs3, key) -> (y, residuals)` and `bwd(residuals, dy) -> (dx, dw,
+# None)` are this GEMM's own custom-VJP rules: an observer that runs them gets the same bits.
+OBSERVER: contextvars.ContextVar = contextvars.ContextVar("lpjax_gemm_observer", default=None)
 
 
 def as_key(key):
@@ -372,7 +380,61 @@ def dot_general(lhs, rhs, dimension_numbers, recipe, *, key=None, preferred_elem
                        f"on its first axis; this rhs has shape {rhs.shape} and dimension_numbers "
                        f"{dimension_numbers!r}. Drop rhs_axes or bring the weight to (K, N).")
   cfg = _Static(recipe, out_dtype, preferred_element_type, batched, rhs_axes)
+  observer = OBSERVER.get()
+  if observer is not None:
+    fwd = functools.partial(_qgemm_fwd, cfg=cfg)
+    bwd = functools.partial(_qgemm_bwd, cfg, lhs3.dtype, rhs3.dtype)
+    return observer(lhs3, rhs3, key, cfg, fwd, bwd).reshape(out_shape)
   return _qgemm(cfg, lhs3.dtype, rhs3.dtype)(lhs3, rhs3, key).reshape(out_shape)
+
+
+def canonical_gemm(lhs3, rhs3, key, cfg: _Static, recipe: GemmRecipe | None = None):
+  """The canonical GEMM of `dot_general` (an observer's `cfg`), with `recipe` in place of the
+  configuration's own if given (e.g. its high-precision counterpart)."""
+  if recipe is not None:
+    cfg = dataclasses.replace(cfg, recipe=recipe)
+  return _qgemm(cfg, lhs3.dtype, rhs3.dtype)(lhs3, rhs3, key)
+
+
+# (gemm, side, operand name, the canonical tensor it comes from, its contraction axis there)
+QUANTIZER_PLACES = (("fwd", LHS, "x", "lhs", -1), ("fwd", RHS, "w", "rhs", -2),
+                    ("dgrad", LHS, "dy", "dy", -1), ("dgrad", RHS, "w", "rhs", -1),
+                    ("wgrad", LHS, "x", "lhs", -2), ("wgrad", RHS, "dy", "dy", -2))
+
+
+def quantizer_inputs(lhs3, rhs3, dy3, key, recipe: GemmRecipe) -> list[dict]:
+  """What each quantized operand quantizer of the GEMM's three passes is given, in the layout
+  and with the keys the custom VJP uses (`_fwd_operand` / `_operand`); the monitor measures these.
+
+  One dict per quantized operand, in `QUANTIZER_PLACES` order: gemm, side, operand ("x", "w",
+  "dy"), x (before the RHT and pre-scale, its blocked axis at `axis`), op (the OperandQuant), and
+  axis, key, signs, block for `operand.quantize_view`; `reuses_fwd` is True where the pass
+  multiplies the forward's quantized operand (REUSE_FWD: the forward's quantizer input again).
+  High-precision operands are left out. `dy3` may be None (then the dY operands are left out).
+  """
+  tensors = {"lhs": lhs3, "rhs": rhs3, "dy": dy3}
+  out = []
+  for gemm, side, name, source, axis in QUANTIZER_PLACES:
+    x = tensors[source]
+    if x is None:
+      continue
+    op = getattr(recipe, gemm).operands()[side]
+    reuses = op == REUSE_FWD
+    if reuses:
+      gemm_of_op, op = "fwd", recipe.fwd.operands()[side]
+      axis = -1 if side == LHS else -2
+    else:
+      gemm_of_op = gemm
+      if isinstance(op, OperandQuant) and op.from_fwd:  # re-quantizes the forward's Q(X) / Q(W)
+        x, axis = _reuse(x, side, axis, key, recipe)
+    if not isinstance(op, OperandQuant):
+      continue
+    signs, block = gemm_signs(key, recipe, gemm_of_op)
+    x, axis = _to_last(x, axis, True)
+    out.append(dict(gemm=gemm, side=side, operand=name, x=x, op=op, axis=axis,
+                    key=opq.operand_key(key, gemm_of_op, side), signs=signs, block=block,
+                    reuses_fwd=reuses))
+  return out
 
 
 def operand_stats(lhs, rhs, dimension_numbers, recipe, *, key=None):

@@ -175,6 +175,25 @@ def unpack(q, op: OperandQuant, dtype):
   return _post(q, op, dtype)
 
 
+def quantize_view(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
+  """What the quantizer of `op` sees and gives, for measuring it (never used by the GEMM itself).
+
+  Returns (xs, x_hat, q): the quantizer's float32 input (after the RHT and the pre-scale, under
+  stop_gradient), its dequantized output in float32 (the values `fake` gives, before unscaling),
+  and the QArray (None for SSP and scheme quantizers, which keep no codes and scales).
+  """
+  xs = jax.lax.stop_gradient(_pre(x, op, axis, signs, block)).astype(jnp.float32)
+  q = None
+  if op.is_ssp:  # scaled by the absmax of what they round: these grids cannot saturate
+    x_hat = ssp.quantize_ssp(xs, op.fmt, axis=axis).astype(jnp.float32)
+  elif op.scheme:  # scales chosen per block (QuEST: clipping is its trust mask): not tracked
+    x_hat = _scheme_fake(xs, key, op, axis % xs.ndim, block).astype(jnp.float32)
+  else:
+    q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
+    x_hat = dequantize(q, jnp.float32)
+  return xs, x_hat, q
+
+
 def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
   """Numerics statistics of quantizing `x` with `op` (never used by the computation itself).
 
@@ -186,16 +205,8 @@ def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None 
     frac_flushed: fraction of non-zero elements that quantize to zero;
     snr_db: 10 log10(sum x^2 / sum (x - q(x))^2) (inf when exact).
   """
-  xs = jax.lax.stop_gradient(_pre(x, op, axis, signs, block)).astype(jnp.float32)
-  saturated = jnp.zeros(xs.shape, bool)
-  if op.is_ssp:  # scaled by the absmax of what they round: these grids cannot saturate
-    x_hat = ssp.quantize_ssp(xs, op.fmt, axis=axis).astype(jnp.float32)
-  elif op.scheme:  # scales chosen per block (QuEST: clipping is its trust mask): not tracked
-    x_hat = _scheme_fake(xs, key, op, axis % xs.ndim, block).astype(jnp.float32)
-  else:
-    q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
-    x_hat = dequantize(q, jnp.float32)
-    saturated = _saturated(xs, x_hat, q)
+  xs, x_hat, q = quantize_view(x, op, axis=axis, key=key, signs=signs, block=block)
+  saturated = jnp.zeros(xs.shape, bool) if q is None else saturated_mask(xs, x_hat, q)
   err = jnp.sum(jnp.square(xs - x_hat))
   power = jnp.sum(jnp.square(xs))
   snr = jnp.where(err > 0, 10.0 * jnp.log10(power / jnp.where(err > 0, err, 1.0)), jnp.inf)
@@ -207,7 +218,7 @@ def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None 
   )
 
 
-def _saturated(xs, x_hat, q: QArray):
+def saturated_mask(xs, x_hat, q: QArray):
   """Elements whose code is the largest magnitude and whose input lay beyond it (clipped)."""
   element = q.fmt.element
   if element.kind == "uint":  # min/max scaling maps the group range onto the codes: no clipping

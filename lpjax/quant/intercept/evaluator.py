@@ -29,6 +29,10 @@ _LAYOUT_OPS = {"convert_element_type", "reshape", "transpose", "copy", "copy_p",
 _PER_OPERAND_OPS = {"optimization_barrier", "device_put", "pvary", "pbroadcast"}
 
 SITES_FOUND: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_sites", default=None)
+# `lpjax.quant.monitor`'s hook while it measures (None otherwise): called as
+# `observer(site, block, num_blocks, count, folds)` around each GEMM that a recipe runs, it returns
+# a context manager entered while that GEMM is traced (see lpjax.quant.gemm.dot_general.OBSERVER).
+SITE_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("lpjax_site_observer", default=None)
 # parameter paths that a scan over blocks slices (stacked layers), collected while tracing
 STACKED_FOUND: contextvars.ContextVar[set | None] = contextvars.ContextVar("lpjax_stacked", default=None)
 
@@ -217,10 +221,15 @@ class Run:
       raise ValueError(f"GEMM at {path!r} runs recipe {recipe}, which rounds stochastically: pass "
                        "one key per step, quant_key=jax.random.key(...) (for an NNX model: "
                        "nnx.Rngs(quant=...) or quant_key=; for linen: rngs={'quant': key}).")
-    self._add(record(recipe=str(recipe), status=HIGH_PRECISION if hp else QUANTIZED, reason=why))
-    if op == "dot_general":
-      return quantized_dot(eqn, lhs, rhs, weight, recipe, key, self._axes(wref)), path
-    return quantized_conv(eqn, lhs, rhs, recipe, key), path
+    site = record(recipe=str(recipe), status=HIGH_PRECISION if hp else QUANTIZED, reason=why)
+    self._add(site)
+    observer = SITE_OBSERVER.get()
+    observed = (contextlib.nullcontext() if observer is None else
+                observer(site, block, self.policy.num_blocks, count, scope.folds))
+    with observed:
+      if op == "dot_general":
+        return quantized_dot(eqn, lhs, rhs, weight, recipe, key, self._axes(wref)), path
+      return quantized_conv(eqn, lhs, rhs, recipe, key), path
 
   def _unattributable(self, eqn, lhs, rhs, weight: str) -> str:
     pet = eqn.params.get("preferred_element_type")
