@@ -16,8 +16,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
 
 def _make(*args, **env):
+  """`make ARGS` as a user types it: a top-level make, also when the suite itself runs under
+  `make test` (whose MAKELEVEL / MAKEFLAGS would make it a sub-make, "make[1]: ...")."""
+  base = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
   return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), *args],
-                        capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+                        capture_output=True, text=True, timeout=60, env={**base, **env})
 
 
 def _fake_python(tmp_path, version):

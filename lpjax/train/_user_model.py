@@ -16,7 +16,7 @@ collections, NNX's non-Param variables) are the run's model state, trained, chec
 resumed with the parameters. Its rng streams come from the step's key, itself from (seed, step):
 linen gets "dropout" (and any other stream, through linen's fallback to "params"); NNX's
 `nnx.Rngs` streams (nnx.Dropout's) are redrawn each step and are not state. Evaluation is
-deterministic: NNX runs in `eval()` mode; linen gets `train=False` / `deterministic=True` by its
+deterministic: NNX runs in evaluation mode (`model.eval()`); linen gets `train=False` / `deterministic=True` by its
 `__call__`'s (or its fields') own name, and no rng streams.
 
 Sharding: a parameter's logical axes come from the model when it declares them, with lpjax's
@@ -217,7 +217,7 @@ class UserModel:
     """f(params, model_state, inputs, key) -> (logits, new model_state): the model as a pure
     function, every GEMM through `policy` (None: the model's own GEMMs, no interception). `key`:
     the step's key, both the quantization's (stochastic rounding) and, folded, the model's
-    dropout masks. Evaluation (`train=False`) is deterministic: NNX models run in `eval()` mode,
+    dropout masks. Evaluation (`train=False`) is deterministic: NNX models run in evaluation mode (`.eval()`),
     linen models get no rng streams; both get `train=False` / `deterministic=True` when their
     `__call__` takes such an argument (by its own name)."""
     if self._nnx:
