@@ -500,6 +500,122 @@ def _embedding_in_jit_tied():
   return _status(rep)["table"][0] == "high precision"
 
 
+class _ScannedLM(nn.Module):
+  """nn.scan over two remat'd blocks, auto-named Embed_0 and Dense head."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(V, D)(tokens)
+    block = nn.remat(_Gated)
+    Scanned = nn.scan(lambda m, c, _: (c + m(c), None), variable_axes={"params": 0},
+                      split_rngs={"params": True}, length=2)
+    x, _ = Scanned(block(name="layers"), x, None)
+    return nn.Dense(V, name="head")(x)
+
+
+def _scanned_fp32():
+  return _fp32_bit_identical(_linen(_ScannedLM(), "fp32", M.TOKENS), M.TOKENS)
+
+
+def _scanned_sites():
+  st = _status(_linen_report(_ScannedLM(), "mxfp4", M.TOKENS))
+  return (st["layers/up"][0] == "quantized" and st["head"][0] == "high precision"
+          and len(st) == 4)
+
+
+def _cond_branches():
+  def f(p, x, flag):
+    return jax.lax.cond(flag, lambda x: x @ p["a"]["kernel"], lambda x: -(x @ p["a"]["kernel"]), x)
+  p = {"a": {"kernel": jnp.ones((D, 8)) / D}}
+  flag = jnp.array(True)
+  ok = _fp32_bit_identical(_plain(lambda p, x: f(p, x, flag), "fp32", p), M.X)
+  rep = _report(quant.quantized(f, "mxfp4"), p, M.X, flag)
+  return ok and [s.status for s in rep.sites] == ["quantized", "quantized"]
+
+
+def _one_hot_embedding():
+  """An embedding written as one_hot(tokens) @ table (no gather): kept like a lookup."""
+  p = {"table": jax.random.normal(jax.random.key(0), (V, D))}
+  f = lambda p, t: jax.nn.one_hot(t, V) @ p["table"]
+  st = _status(_report(quant.quantized(f, "mxfp4"), p, M.TOKENS))
+  return st["table"][0] == "high precision"
+
+
+def _binarized_input_is_not_a_lookup():
+  """(x > 0) cast to float @ W: a comparison that is not an equality, so not one-hot."""
+  f = lambda p, x: (x > 0).astype(F32) @ p["proj"]["kernel"]
+  st = _status(_report(quant.quantized(f, "mxfp4"), {"proj": {"kernel": jnp.ones((D, 8))}}, M.X))
+  return st["proj"] == ("quantized", "")
+
+
+def _params_as_keyword():
+  q = quant.quantized(lambda params, x: x @ params["w"], "mxfp4_naive")
+  q(params={"w": jnp.ones((D, 4))}, x=M.X)
+
+
+def _nnx_mha():
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.mha = nnx.MultiHeadAttention(2, D, D, decode=False, rngs=rngs)
+
+    def __call__(self, x):
+      return self.mha(x)
+
+  rep = _nnx_report(Net(nnx.Rngs(0)), "nvfp4", M.X)
+  products = [s for s in rep.sites if s.weight == "none"]
+  return (len(products) == 2 and all(s.status == "high precision" for s in products)
+          and {s.path for s in rep.sites if s.status == "quantized"}
+          == {"mha/query", "mha/key", "mha/value", "mha/out"})
+
+
+def _bf16_params_fp32_compute():
+  model = M.LinenLM()
+  variables = jax.tree.map(lambda a: a.astype(jnp.bfloat16), model.init(jax.random.key(0), M.TOKENS))
+  return _fp32_bit_identical((model.apply, quant.quantize_model(model, "fp32").apply, variables),
+                             M.TOKENS)
+
+
+def _weight_on_the_left_einsum():
+  f = lambda p, x: jnp.einsum("dk,btk->btd", p["proj"]["kernel"], x)
+  st = _status(_report(quant.quantized(f, "mxfp4"), {"proj": {"kernel": jnp.ones((16, D))}}, M.X))
+  return st["proj"][0] == "quantized"
+
+
+def _conv_transpose():
+  class Up(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.ConvTranspose(16, (3, 3), strides=(2, 2), name="up")(nn.Conv(32, (3, 3), name="c")(x))
+
+  ok = _fp32_bit_identical(_linen(Up(), "fp32", IMG), IMG)
+  st = _status(_linen_report(Up(), "mxfp4", IMG))
+  return ok and st["up"][0] == "quantized" and st["c"][0] == "quantized"
+
+
+def _vmapped_fp32():
+  f = jax.vmap(M.plain_lm, in_axes=(None, 0))
+  return _fp32_bit_identical(_plain(f, "fp32", M.plain_params()), M.TOKENS[:, None])
+
+
+def _variant_and_case_in_rules():
+  p = quant.QuantPolicy(recipe="mxfp4", rules=((r"mlp", "mxfp4:block_size=16"),))
+  st = _status(_report(quant.quantized(M.plain_lm, p), M.plain_params(), M.TOKENS))
+  return st["mlp/up"][0] == "quantized" and st["attn/wq"][0] == "quantized"
+
+
+def _dict_output_report():
+  f = lambda p, x: {"a": x @ p["a"]["w"], "b": (x @ p["b"]["w"]).sum()}
+  p = {"a": {"w": jnp.ones((D, 4))}, "b": {"w": jnp.ones((D, 4))}}
+  rep = _report(quant.quantized(f, "nvfp4"), p, M.X)
+  return [s.path for s in rep.sites] == ["a", "b"]
+
+
+def _grad_under_bf16_model():
+  apply, q, variables = _linen(M.LinenLM(dtype=jnp.bfloat16), "nvfp4", M.TOKENS)
+  _, g = _value_and_grad(lambda v, t: q(v, t, quant_key=KEY), variables, M.TOKENS)
+  return all(bool(jnp.all(jnp.isfinite(x))) and bool(jnp.any(x != 0)) for x in jax.tree.leaves(g))
+
+
 CASES = [
     # item 1: fp32 is the model, bit for bit
     Case("fp32", "linen LM: tied Embed_0, attention, gated MLP", lambda _: _fp32_linen_lm(),
@@ -613,6 +729,34 @@ CASES = [
          Holds("head and products kept, up quantized")),
     Case("fresh", "jit inside the function", lambda _: _jit_inside(),
          Holds("fp32 bit-identical, path dense")),
+    Case("fresh", "nn.scan + nn.remat blocks fp32", lambda _: _scanned_fp32(), Holds("bit-identical")),
+    Case("fresh", "nn.scan + nn.remat blocks sites", lambda _: _scanned_sites(),
+         Holds("layers/up quantized, head kept")),
+    Case("fresh", "lax.cond branches", lambda _: _cond_branches(),
+         Holds("fp32 bit-identical, both branches quantized")),
+    Case("fresh", "one-hot embedding product", lambda _: _one_hot_embedding(),
+         Holds("table kept")),
+    Case("fresh", "binarized input (x > 0) @ W", lambda _: _binarized_input_is_not_a_lookup(),
+         Holds("quantized")),
+    Case("fresh", "params passed by keyword", lambda _: _params_as_keyword(),
+         Raises(TypeError, "weights_argnums")),
+    Case("fresh", "nnx.MultiHeadAttention", lambda _: _nnx_mha(),
+         Holds("q/k/v/out quantized, products kept")),
+    Case("fresh", "bf16 params, fp32 model, fp32 recipe", lambda _: _bf16_params_fp32_compute(),
+         Holds("bit-identical")),
+    Case("fresh", "weight on the left of an einsum", lambda _: _weight_on_the_left_einsum(),
+         Holds("proj quantized")),
+    Case("fresh", "ConvTranspose", lambda _: _conv_transpose(),
+         Holds("fp32 bit-identical, up and c quantized")),
+    Case("fresh", "vmap over examples, fp32", lambda _: _vmapped_fp32(), Holds("bit-identical")),
+    Case("fresh", "a recipe variant in rules", lambda _: _variant_and_case_in_rules(),
+         Holds("quantized")),
+    Case("fresh", "upper-case recipe name in a policy",
+         lambda _: quant.QuantPolicy(recipe="MXFP4"),
+         Raises(ValueError, "Invalid QuantPolicy: recipe: Unknown recipe 'MXFP4'")),
+    Case("fresh", "dict output", lambda _: _dict_output_report(), Holds("two sites a, b")),
+    Case("fresh", "bf16 model nvfp4 gradients", lambda _: _grad_under_bf16_model(),
+         Holds("finite, nonzero")),
 ]
 
 

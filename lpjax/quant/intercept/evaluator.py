@@ -70,6 +70,7 @@ class Run:
   def evaluate(self, jaxpr, consts, args, weights: dict, scope: Scope):
     """Evaluates `jaxpr` on `args`; `weights` maps its invars (positions) to _Weight."""
     env, wenv, feeds = {}, {}, {}
+    marks = {}  # comparisons and their float casts (one_hot(ids)): a GEMM with one is a lookup
 
     def read(v):
       return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -90,6 +91,10 @@ class Run:
                                      if not isinstance(v, jcore.Literal)))
       if name in _GEMMS:
         wrefs = [weight_of(v) for v in eqn.invars[:2]]
+        one_hot = any(w is None and not isinstance(v, jcore.Literal)
+                      and marks.get(v) == "one_hot" for v, w in zip(eqn.invars[:2], wrefs))
+        if one_hot and any(w is not None for w in wrefs):  # one_hot(ids) @ table: a lookup
+          self.looked_up.update(w.path for w in wrefs if w is not None)
         out, site = self._gemm(eqn, invals, wrefs, in_feeds, scope)
         outs = [out]
         for v in eqn.outvars:
@@ -100,6 +105,8 @@ class Run:
             wenv[v] = computed
       else:
         self._note_lookups(eqn, weight_of)
+        for i in _one_hot_results(eqn, marks):
+          marks[eqn.outvars[i]] = "one_hot"
         outs = self._other(eqn, invals, [weight_of(v) for v in eqn.invars], scope)
         for v in eqn.outvars:
           feeds[v] = in_feeds
@@ -229,7 +236,8 @@ class Run:
       why = "kept by the policy" if self.policy.kept_high_precision(path, block=static_block) else ""
     elif not self.policy.pure and wref is not None and wref.path in self.looked_up:
       recipe = self.policy.kept_recipe_for(path)
-      why = "an embedding table (a gather looks it up): an embedding or tied head"
+      why = ("an embedding table (a gather or a one-hot product looks it up): an embedding or "
+             "tied head")
     elif not self.policy.pure:
       short = _short_contraction(eqn, recipe, lhs, rhs)
       if short:
@@ -368,6 +376,31 @@ def _short_contraction(eqn, recipe, lhs, rhs) -> str:
     return (f"contraction K={k} leaves a block of {held} value(s) in {recipe.name or 'the'}'s "
             f"{block}-blocks (fewer than {QUEST_MIN_BLOCK_VALUES}): QuEST's RMS scale would clip it")
   return ""
+
+
+def _one_hot_results(eqn, marks: dict) -> list[int]:
+  """Positions of `eqn`'s results that are one-hot rows: the result of a comparison (`eq`) cast
+  to a float and moved by layout ops, here or inside a nested function without GEMMs
+  (`jax.nn.one_hot`'s jit). `marks`: {var: "eq" or "one_hot"} so far."""
+  name = eqn.primitive.name
+  first = eqn.invars[0] if eqn.invars and not isinstance(eqn.invars[0], jcore.Literal) else None
+  if name == "eq":
+    for v in eqn.outvars:
+      marks[v] = "eq"
+    return []
+  if name == "convert_element_type" and first is not None and first in marks:
+    return [0]
+  if name in _LAYOUT_OPS and first is not None and marks.get(first) == "one_hot":
+    return [0]
+  found = []
+  for sub in _inner_jaxprs(eqn):
+    if len(sub.outvars) == len(eqn.outvars) and not _jaxpr_has_gemm(sub):
+      inner: dict = {}
+      for e in sub.eqns:
+        for i in _one_hot_results(e, inner):
+          inner[e.outvars[i]] = "one_hot"
+      found += [i for i, v in enumerate(sub.outvars) if inner.get(v) == "one_hot"]
+  return found
 
 
 def _gathered_inputs(jaxpr) -> set[int]:
