@@ -104,11 +104,6 @@ def _check_weights_argument(args, weights_argnums, weight_paths: dict):
         "If the params are another argument, set quantized(fn, ..., weights_argnums=<its "
         "position>); if they are this one, pass them as a dict ({'dense': {'kernel': w}}) so "
         "that the report and the policy see their names.", UserWarning, stacklevel=4)
-  elif not weight_paths:
-    warnings.warn(
-        f"The weights argument (weights_argnums={weights_argnums}) holds no array: no GEMM has a "
-        "weight operand, so every product is taken for an activation product (attention). Set "
-        "weights_argnums to the position of the params.", UserWarning, stacklevel=4)
 
 
 def _key_name(k):
