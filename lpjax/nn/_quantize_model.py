@@ -117,6 +117,17 @@ class QuantizedLinen:
   def lpjax_report_target(self):
     return self.apply
 
+  def __call__(self, *args, **kwargs):
+    """Refused: a linen model runs through `init` / `apply`, and inside a larger linen model the
+    parent's apply holds the parameters; quantize the whole model, rules choose the part."""
+    name = type(self.module).__name__
+    raise TypeError(
+        f"A quantize_model linen model ({name}) is not a module to call inside another linen "
+        f"model: call its init / apply, or quantize the outer model and choose the quantized part "
+        f"with rules, e.g. quantize_model(Outer(), QuantPolicy(recipe='fp32', "
+        f"rules=((r'(^|/)encoder(/|$)', 'mxfp4'),))): layers no rule matches run as written "
+        f"(recipe 'fp32'), the matched ones in the rule's recipe.")
+
   def __getattr__(self, name):
     return getattr(self.__dict__["module"], name)
 

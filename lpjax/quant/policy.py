@@ -5,7 +5,9 @@ is joined for you). `QuantPolicy.recipe_for(path)` decides, in this order:
 
 1. unless `pure`: a path matching one of `keep_high_precision` (embeddings, the LM head, norms,
    the attention score and value products, plus what the model adds: its first and last layers)
-   -> `high_precision`;
+   -> `high_precision`, or the layer's own recipe (steps 3-4) when that one is unquantized and
+   more precise (`kept_recipe`: a kept layer never runs below the recipe asked for, so under
+   "fp32" every layer runs fp32);
 2. unless `pure`: a block index (`block_pattern`) among the first `keep_first_blocks` or the last
    `keep_last_blocks` of `num_blocks` (or the last `keep_last_fraction` of them, the NVIDIA NVFP4
    recipe's ~15%) -> `high_precision`;
@@ -61,12 +63,15 @@ from lpjax.quant.recipes.gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecip
 RecipeLike = Union[str, GemmRecipe]
 
 # Layers every published FP4 recipe keeps in high precision (docs/numerics.md §7).
+# Case-insensitive, and linen's auto-names count ("Embed_0", "LM_Head", "head_1"). The interception
+# also keeps, whatever their names, a GEMM whose weight a gather looks rows up in (an embedding
+# table, so an embedding product or a tied head).
 DEFAULT_HIGH_PRECISION = (
-    r"(^|/)[^/]*embed[^/]*(/|$)",  # token / position embeddings (embed, embedding, embed_tokens, wte)
-    r"(^|/)(wte|wpe)(/|$)",
-    r"(^|/)(lm_head|head|unembed|logits|output_proj)(/|$)",  # the LM head / classifier
-    r"norm",  # RMSNorm / LayerNorm scales (no GEMM, listed for completeness)
-    r"(^|/)(attn_scores|attn_values|qk|pv)(/|$)",  # attention score and value products
+    r"(?i)(^|/)[^/]*embed[^/]*(/|$)",  # token / position embeddings (embed, Embed_0, embed_tokens)
+    r"(?i)(^|/)(wte|wpe)(_\d+)?(/|$)",
+    r"(?i)(^|/)(lm_head|head|unembed|logits|output_proj)(_\d+)?(/|$)",  # the LM head / classifier
+    r"(?i)norm",  # RMSNorm / LayerNorm scales (no GEMM, listed for completeness)
+    r"(?i)(^|/)(attn_scores|attn_values|qk|pv)(/|$)",  # attention score and value products
 )
 # A block index in a path: "layers/3", "blocks.3", "layer_3", "h/3".
 DEFAULT_BLOCK_PATTERN = r"(?:^|/)(?:layers|blocks|block|layer|h)[/._]?(\d+)(?:[/._]|$)"
@@ -118,16 +123,36 @@ class QuantPolicy:
     object.__setattr__(self, "rules", tuple((str(p), r) for p, r in self.rules))
     object.__setattr__(self, "keep_high_precision", tuple(self.keep_high_precision))
     object.__setattr__(self, "block_paths", tuple(self.block_paths))
-    for pattern in ([p for p, _ in self.rules] + list(self.keep_high_precision)
-                    + [self.block_pattern] + list(self.block_paths)):
-      re.compile(pattern)  # fail early on a bad regex
-    if self.keep_first_blocks < 0 or self.keep_last_blocks < 0:
-      raise ValueError("keep_first_blocks and keep_last_blocks must be >= 0.")
-    if not 0.0 <= self.keep_last_fraction < 1.0:
-      raise ValueError(f"keep_last_fraction must be in [0, 1), got {self.keep_last_fraction!r}.")
+    problems = self._problems()
+    if problems:
+      raise ValueError("Invalid QuantPolicy: " + "; ".join(problems) + ".")
+
+  def _problems(self) -> list[str]:
+    """Everything wrong with this policy's fields (checked at construction, reported at once)."""
+    problems = []
+    for i, rule in enumerate(self.rules):
+      problems += _regex_problem(f"rules[{i}] {rule[0]!r}", rule[0])
+      problems += _recipe_problem(f"rules[{i}] ({rule[0]!r}) recipe", rule[1])
+    for i, p in enumerate(self.keep_high_precision):
+      problems += _regex_problem(f"keep_high_precision[{i}]", p)
+    problems += _regex_problem("block_pattern", self.block_pattern)
+    if not self.block_paths and not problems and re.compile(self.block_pattern).groups < 1:
+      problems.append(f"block_pattern {self.block_pattern!r} needs one group (the block index)")
+    for i, p in enumerate(self.block_paths):
+      problems += _regex_problem(f"block_paths[{i}]", p)
+    problems += _recipe_problem("recipe", self.recipe)
+    problems += _recipe_problem("high_precision", self.high_precision)
+    if not (isinstance(self.keep_first_blocks, int) and isinstance(self.keep_last_blocks, int)
+            and self.keep_first_blocks >= 0 and self.keep_last_blocks >= 0):
+      problems.append("keep_first_blocks and keep_last_blocks must be >= 0 "
+                      f"(got {self.keep_first_blocks!r}, {self.keep_last_blocks!r})")
+    if not (isinstance(self.keep_last_fraction, (int, float))
+            and 0.0 <= self.keep_last_fraction < 1.0):
+      problems.append(f"keep_last_fraction must be in [0, 1), got {self.keep_last_fraction!r}")
     if self.residuals and self.residuals not in RESIDUAL_MODES:
-      raise ValueError(f"residuals must be '' (each recipe's own) or one of {RESIDUAL_MODES}, "
-                       f"got {self.residuals!r}.")
+      problems.append(f"residuals must be '' (each recipe's own) or one of {RESIDUAL_MODES}, "
+                      f"got {self.residuals!r}")
+    return problems
 
   def for_model(self, *, num_blocks: int | None = None, keep_high_precision: Sequence[str] = (),
                 block_paths: Sequence[str] = ()) -> "QuantPolicy":
@@ -247,14 +272,22 @@ class QuantPolicy:
     """The GemmRecipe of the layer at `path` (a "/"-joined string or a tuple of keys); `block`
     as in `kept_high_precision`."""
     path = path_str(path)
+    own = recipes.get(self._rule_or_default(path))
     if self.kept_high_precision(path, block=block):
-      return recipes.get(self.high_precision)
-    recipe = recipes.get(self._rule_or_default(path))
+      return kept_recipe(recipes.get(self.high_precision), own)
+    recipe = own
     if self.residuals and not recipe.is_high_precision and recipe.residuals != self.residuals:
       recipe = _with_residuals(recipe, self.residuals)
     if self.forward_only and not recipe.is_high_precision:
       recipe = _forward_only(recipe)
     return recipe
+
+  def kept_recipe_for(self, path) -> GemmRecipe:
+    """The recipe the layer at `path` runs when something keeps it in high precision (the
+    policy, or the interception: an embedding table, a contraction too short for the recipe):
+    `kept_recipe` of `high_precision` and the layer's own recipe."""
+    path = path_str(path)
+    return kept_recipe(recipes.get(self.high_precision), recipes.get(self._rule_or_default(path)))
 
   def _rule_or_default(self, path: str) -> RecipeLike:
     for pattern, recipe in self.rules:
@@ -267,6 +300,46 @@ class QuantPolicy:
     rows = [(path_str(p), str(self.recipe_for(p))) for p in paths]
     width = max([len(p) for p, _ in rows] + [4])
     return "\n".join(f"{p:<{width}}  {r}" for p, r in rows)
+
+
+def _regex_problem(what: str, pattern) -> list[str]:
+  try:
+    re.compile(pattern)
+  except (re.error, TypeError) as e:
+    return [f"{what}: bad regex {pattern!r} ({e})"]
+  return []
+
+
+def _recipe_problem(what: str, recipe) -> list[str]:
+  try:
+    recipes.get(recipe)
+  except (ValueError, TypeError, KeyError) as e:
+    return [f"{what}: {e}".rstrip(".")]
+  return []
+
+
+def precision_rank(recipe: GemmRecipe) -> int:
+  """How precise a recipe's GEMMs are, for comparing high-precision recipes: 0 for a quantized
+  recipe, else the bits of its compute dtype (bf16 / fp16: 16, fp32: 32), 64 for "as given"."""
+  if not recipe.is_high_precision:
+    return 0
+  if recipe.compute_dtype is None:
+    return 64
+  return 8 * recipe.compute_dtype.itemsize
+
+
+def kept_recipe(high_precision: GemmRecipe, own: GemmRecipe) -> GemmRecipe:
+  """The recipe of a kept layer: `high_precision`, unless the layer's own recipe (its rule's or
+  the policy's `recipe`) is itself unquantized and more precise: a kept layer never runs below
+  the recipe the run asked for (under "fp32" every layer, kept or not, runs fp32).
+
+  Examples:
+    >>> kept_recipe(recipes.get("bf16"), recipes.get("fp32")).name
+    'fp32'
+    >>> kept_recipe(recipes.get("bf16"), recipes.get("mxfp4")).name
+    'bf16'
+  """
+  return own if precision_rank(own) > precision_rank(high_precision) else high_precision
 
 
 @functools.lru_cache(maxsize=None)

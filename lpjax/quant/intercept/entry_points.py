@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from typing import Callable, Sequence
 
 import jax
@@ -82,6 +83,29 @@ def _weight_leaves(args, weights_argnums: Sequence[int]):
   return out
 
 
+def _is_array(x) -> bool:
+  return (isinstance(x, jax.Array) or hasattr(x, "__jax_array__")
+          or (hasattr(x, "dtype") and hasattr(x, "shape")))
+
+
+def _check_weights_argument(args, weights_argnums, weight_paths: dict):
+  """Refuses a weights argument that is missing, and warns when it holds no named parameter (a
+  bare array, e.g. the input passed where the params belong): its leaves would all be "the
+  weight" with an empty path, and the next GEMM would be taken for attention."""
+  missing = [i for i in weights_argnums if i >= len(args)]
+  if missing:
+    raise TypeError(f"weights_argnums={weights_argnums} names argument(s) {missing}, but the call "
+                    f"has {len(args)} positional argument(s): pass the params positionally, or "
+                    "set quantized(fn, ..., weights_argnums=...) to the params' position.")
+  if weight_paths and not any(weight_paths.values()):
+    warnings.warn(
+        f"The weights argument (weights_argnums={weights_argnums}) holds no named parameter, only "
+        f"bare arrays: they are taken as the weights and every other operand as an activation. "
+        "If the params are another argument, set quantized(fn, ..., weights_argnums=<its "
+        "position>); if they are this one, pass them as a dict ({'dense': {'kernel': w}}) so "
+        "that the report and the policy see their names.", UserWarning, stacklevel=4)
+
+
 def _key_name(k):
   for attr in ("key", "name", "idx"):
     if hasattr(k, attr):
@@ -97,9 +121,9 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   weights_argnums = tuple(weights_argnums)
   leaves, treedef = jax.tree.flatten((args, kwargs))
   weight_paths = _weight_leaves(args, weights_argnums)
+  _check_weights_argument(args, weights_argnums, weight_paths)
   # arrays (and tracers) are the jaxpr's inputs; anything else (Python numbers, strings) is static
-  dynamic = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)
-             or hasattr(x, "__jax_array__") or (hasattr(x, "dtype") and hasattr(x, "shape"))]
+  dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
 
   def flat_fn(*dyn):
     full = list(leaves)
@@ -159,6 +183,7 @@ def quantized(fn: Callable, policy="bf16", *, weights_argnums: int | Sequence[in
     >>> g["dense"]["kernel"].shape
     (32, 16)
   """
+  _refuse_models(fn)
   policy = as_policy(policy)
   argnums = (weights_argnums,) if isinstance(weights_argnums, int) else tuple(weights_argnums)
 
@@ -169,6 +194,41 @@ def quantized(fn: Callable, policy="bf16", *, weights_argnums: int | Sequence[in
 
   wrapped.lpjax_policy = policy
   return wrapped
+
+
+def _refuse_models(fn):
+  """`quantized` takes a function: a Flax module (which some model adapter takes) is refused with
+  the pointer to `quantize_model`."""
+  if getattr(fn, "lpjax_policy", None) is not None or isinstance(fn, type):
+    return
+  backends.MODEL_ADAPTERS.load_all()
+  for name, adapter in backends.MODEL_ADAPTERS.items():
+    try:
+      taken = adapter(fn, QuantPolicy()) is not NotImplemented
+    except Exception:  # noqa: BLE001  (an adapter that refuses it otherwise: not its kind)
+      taken = False
+    if taken:
+      raise TypeError(
+          f"quantized() takes a JAX function; {type(fn).__name__} is a {name} model: use "
+          f"lpjax.quant.quantize_model(model, policy) (it returns the model with the same "
+          f"init / apply or call), or quantized(fn, policy) on a function that takes the params "
+          f"first, e.g. quantized(model.apply, policy) for linen.")
+
+
+def _eval_shape(target, args, kwargs):
+  """`jax.eval_shape` of `target(*args, **kwargs)` where non-array arguments (strings, Python
+  numbers, callables) stay static, as they are in the call itself."""
+  leaves, treedef = jax.tree.flatten((args, kwargs))
+  dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
+
+  def call(*dyn):
+    full = list(leaves)
+    for i, x in zip(dynamic, dyn):
+      full[i] = x
+    a, kw = jax.tree.unflatten(treedef, full)
+    return target(*a, **kw)
+
+  return jax.eval_shape(call, *[leaves[i] for i in dynamic])
 
 
 @contextlib.contextmanager
@@ -189,7 +249,7 @@ def stacked_weights(fn: Callable, *args, **kwargs) -> set[str]:
   found: set = set()
   token = STACKED_FOUND.set(found)
   try:
-    jax.eval_shape(lambda *a: target(*a, **kwargs), *args)
+    _eval_shape(target, args, kwargs)
   finally:
     STACKED_FOUND.reset(token)
   return found
@@ -203,7 +263,7 @@ def report(fn: Callable, *args, **kwargs) -> Report:
   """
   target = getattr(fn, "lpjax_report_target", fn)
   with collect_sites() as found:
-    jax.eval_shape(lambda *a: target(*a, **kwargs), *args)
+    _eval_shape(target, args, kwargs)
   return Report(tuple(found))
 
 

@@ -68,11 +68,13 @@ class Run:
     self.policy, self.key, self.weight_axes = policy, key, weight_axes
     self.sites: list[Site] = []
     self.calls: dict[str, int] = {}  # sites reached so far per (path, block): repeats get own keys
+    self.looked_up: set[str] = set()  # parameters a gather reads rows of: embedding tables
 
   # -- evaluation -------------------------------------------------------------------------------
   def evaluate(self, jaxpr, consts, args, weights: dict, scope: Scope):
     """Evaluates `jaxpr` on `args`; `weights` maps its invars (positions) to _Weight."""
     env, wenv, feeds = {}, {}, {}
+    marks = {}  # comparisons and their float casts (one_hot(ids)): a GEMM with one is a lookup
 
     def read(v):
       return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -92,12 +94,23 @@ class Run:
       in_feeds = frozenset().union(*(feeds.get(v, frozenset()) for v in eqn.invars
                                      if not isinstance(v, jcore.Literal)))
       if name in _GEMMS:
-        out, site = self._gemm(eqn, invals, [weight_of(v) for v in eqn.invars[:2]], in_feeds,
-                               scope)
+        wrefs = [weight_of(v) for v in eqn.invars[:2]]
+        one_hot = any(w is None and not isinstance(v, jcore.Literal)
+                      and marks.get(v) == "one_hot" for v, w in zip(eqn.invars[:2], wrefs))
+        if one_hot and any(w is not None for w in wrefs):  # one_hot(ids) @ table: a lookup
+          self.looked_up.update(w.path for w in wrefs if w is not None)
+        out, site = self._gemm(eqn, invals, wrefs, in_feeds, scope)
         outs = [out]
         for v in eqn.outvars:
           feeds[v] = frozenset({site})
+        if all(w is not None for w in wrefs):  # a product of parameters (LoRA's A @ B): a weight
+          computed = _computed_weight(eqn, weight_of, gemm_ok=True)
+          for v in eqn.outvars:
+            wenv[v] = computed
       else:
+        self._note_lookups(eqn, weight_of)
+        for i in _one_hot_results(eqn, marks):
+          marks[eqn.outvars[i]] = "one_hot"
         outs = self._other(eqn, invals, [weight_of(v) for v in eqn.invars], scope)
         for v in eqn.outvars:
           feeds[v] = in_feeds
@@ -116,6 +129,20 @@ class Run:
       for v, x in zip(eqn.outvars, outs):
         env[v] = x
     return [read(v) for v in jaxpr.outvars]
+
+  def _note_lookups(self, eqn, weight_of):
+    """Records the parameters that a gather looks rows up in (embedding tables), here or inside
+    a nested function that has no GEMM (and so is not evaluated equation by equation)."""
+    if eqn.primitive.name == "gather" and weight_of(eqn.invars[0]) is not None:
+      self.looked_up.add(weight_of(eqn.invars[0]).path)
+      return
+    for sub in _inner_jaxprs(eqn):
+      if len(sub.invars) != len(eqn.invars):
+        continue
+      for i in _gathered_inputs(sub):
+        w = weight_of(eqn.invars[i])
+        if w is not None:
+          self.looked_up.add(w.path)
 
   def _other(self, eqn, invals, wrefs, scope: Scope):
     name = eqn.primitive.name
@@ -208,12 +235,22 @@ class Run:
       self._add(record(recipe="", status=UNCHANGED, reason=reason))
       return _bind(eqn, invals)[0], path
     recipe = self.policy.recipe_for(path, block=static_block)
+    why = ""
+    if recipe.is_high_precision:
+      why = "kept by the policy" if self.policy.kept_high_precision(path, block=static_block) else ""
+    elif not self.policy.pure and wref is not None and wref.path in self.looked_up:
+      recipe = self.policy.kept_recipe_for(path)
+      why = ("an embedding table (a gather or a one-hot product looks it up): an embedding or "
+             "tied head")
+    elif not self.policy.pure:
+      short = _short_contraction(eqn, recipe, lhs, rhs)
+      if short:
+        recipe, why = self.policy.kept_recipe_for(path), short
     if is_identity(recipe, lhs, rhs, eqn.params.get("preferred_element_type")):
-      self._add(record(recipe=str(recipe), status=UNCHANGED, reason="fp32 recipe: the original op"))
+      self._add(record(recipe=str(recipe), status=UNCHANGED,
+                       reason="fp32 recipe: the original op" + (f"; {why}" if why else "")))
       return _bind(eqn, invals)[0], path
     hp = recipe.is_high_precision
-    why = "" if not hp else ("kept by the policy" if self.policy.kept_high_precision(
-        path, block=static_block) else "")
     count = self.calls.get((path, block_label), 0)
     self.calls[(path, block_label)] = count + 1
     key = self._site_key(path, block, count, scope)
@@ -237,7 +274,8 @@ class Run:
     if not floats or (pet is not None and not jnp.issubdtype(pet, jnp.floating)):
       return "integer or non-float operands: not a quantizable GEMM"
     if weight == "both":
-      return "both operands are parameters: write a rule or compute it outside"
+      return ("both operands are parameters (e.g. LoRA's A @ B): the product is a weight, "
+              "computed as written; a GEMM that uses it treats it as its weight")
     if eqn.primitive.name == "dot_general" and weight != "none":
       (_, _), (lb, rb) = eqn.params["dimension_numbers"]
       if (rb if weight == "rhs" else lb):
@@ -292,14 +330,105 @@ class Run:
           self._list_inner(inner, scope.inside(inner), reason)
 
 
-def _computed_weight(eqn, weight_of):
+def _computed_weight(eqn, weight_of, gemm_ok: bool = False):
   """A weight computed from parameters alone (weight normalisation, a LoRA product, a scale
   folded in): the operands are all parameters (or literals), and the result is named after the
   largest of them."""
   refs = [(v, weight_of(v)) for v in eqn.invars if not isinstance(v, jcore.Literal)]
-  if not refs or any(w is None for _, w in refs) or _has_gemm(eqn):
+  if not refs or any(w is None for _, w in refs) or (_has_gemm(eqn) and not gemm_ok):
     return None
   return max(refs, key=lambda r: r[0].aval.size if hasattr(r[0].aval, "size") else 0)[1]
+
+
+# QuEST (quartet's forward) scales each block of 32 by its RMS, zero padding included: a block
+# that holds fewer than this many values of the contraction is clipped to a fraction of itself
+# (K = 1: output ~0, gradient 0; K = 2: relative error 0.5).
+QUEST_MIN_BLOCK_VALUES = 4
+
+
+def contraction_length(eqn) -> int:
+  """K, the number of products summed into one output: the contracting dims of a dot_general;
+  for a convolution, input features per group times the kernel window."""
+  if eqn.primitive.name == "dot_general":
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    shape = eqn.invars[0].aval.shape
+    k = 1
+    for d in lc:
+      k *= shape[d]
+    return k
+  rhs = eqn.invars[1].aval.shape
+  dn = eqn.params["dimension_numbers"]
+  out_dim = dn.rhs_spec[0] if dn is not None else 0
+  k = 1
+  for d, n in enumerate(rhs):
+    if d != out_dim:
+      k *= n
+  return k
+
+
+def _short_contraction(eqn, recipe, lhs, rhs) -> str:
+  """Why `recipe` cannot quantize this GEMM's contraction, or "" (then it runs quantized).
+
+  Measured for every preset at K = 1, 2, 3, 7, 16, 31, 33 (tests/quant/test_intercept_short_k.py):
+  the block-scaled recipes (amax scales, zero padding) hold their error level at every K; QuEST's
+  RMS scale does not when a block of the contraction holds fewer than QUEST_MIN_BLOCK_VALUES
+  values (K = 1, 2, 3, 33, 34, 35, ...)."""
+  fwd = recipe.fwd
+  quest = [op for op in fwd.operands() if op is not None and getattr(op, "scheme", None) == "quest"]
+  if not quest:
+    return ""
+  k = contraction_length(eqn)
+  block = quest[0].format.block_size
+  tail = k % block
+  if k < block and k < QUEST_MIN_BLOCK_VALUES or 0 < tail < QUEST_MIN_BLOCK_VALUES:
+    held = k if k < block else tail
+    return (f"contraction K={k} leaves a block of {held} value(s) in {recipe.name or 'the'}'s "
+            f"{block}-blocks (fewer than {QUEST_MIN_BLOCK_VALUES}): QuEST's RMS scale would clip it")
+  return ""
+
+
+def _one_hot_results(eqn, marks: dict) -> list[int]:
+  """Positions of `eqn`'s results that are one-hot rows: the result of a comparison (`eq`) cast
+  to a float and moved by layout ops, here or inside a nested function without GEMMs
+  (`jax.nn.one_hot`'s jit). `marks`: {var: "eq" or "one_hot"} so far."""
+  name = eqn.primitive.name
+  first = eqn.invars[0] if eqn.invars and not isinstance(eqn.invars[0], jcore.Literal) else None
+  if name == "eq":
+    for v in eqn.outvars:
+      marks[v] = "eq"
+    return []
+  if name == "convert_element_type" and first is not None and first in marks:
+    return [0]
+  if name in _LAYOUT_OPS and first is not None and marks.get(first) == "one_hot":
+    return [0]
+  found = []
+  for sub in _inner_jaxprs(eqn):
+    if len(sub.outvars) == len(eqn.outvars) and not _jaxpr_has_gemm(sub):
+      inner: dict = {}
+      for e in sub.eqns:
+        for i in _one_hot_results(e, inner):
+          inner[e.outvars[i]] = "one_hot"
+      found += [i for i, v in enumerate(sub.outvars) if inner.get(v) == "one_hot"]
+  return found
+
+
+def _gathered_inputs(jaxpr) -> set[int]:
+  """Positions of `jaxpr`'s inputs that a gather reads rows of, through layout ops and nested
+  functions."""
+  origin = {v: i for i, v in enumerate(jaxpr.invars)}
+  found = set()
+  for eqn in jaxpr.eqns:
+    ins = [origin.get(v) if not isinstance(v, jcore.Literal) else None for v in eqn.invars]
+    if eqn.primitive.name == "gather" and ins and ins[0] is not None:
+      found.add(ins[0])
+    elif eqn.primitive.name in _LAYOUT_OPS and ins and ins[0] is not None:
+      for v in eqn.outvars:
+        origin[v] = ins[0]
+    else:
+      for sub in _inner_jaxprs(eqn):
+        if len(sub.invars) == len(ins):
+          found.update(ins[i] for i in _gathered_inputs(sub) if ins[i] is not None)
+  return found
 
 
 def _inner_jaxprs(eqn):

@@ -16,11 +16,14 @@ from lpjax.quant.recipes.gemm_recipe import GemmRecipe
 
 
 def is_identity(recipe: GemmRecipe, lhs, rhs, pet) -> bool:
-  """A high-precision recipe that would compute exactly the original op (fp32 on fp32)."""
+  """A high-precision recipe under which the site runs its original op: one that feeds the
+  operands as given, or an fp32 recipe on operands of at most 32 bits (fp32, bf16, fp16): "fp32"
+  means the model's own GEMM, bit for bit, never a cast of a narrower model up to fp32."""
   if not recipe.is_high_precision:
     return False
   dt = recipe.compute_dtype
-  return dt is None or (dt == jnp.float32 and lhs.dtype == rhs.dtype == jnp.float32)
+  return dt is None or (dt == jnp.float32 and all(
+      jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize <= 4 for x in (lhs, rhs)))
 
 
 def _natural(x, contracting, batch, first: bool) -> bool:
