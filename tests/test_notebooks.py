@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
-NAMES = ("quickstart", "train_llama_fp4", "stable_spam", "your_own_model")
+NAMES = ("quickstart", "train_llama_fp4", "stable_spam", "your_own_model", "where_fp4_hurts")
 # Saved with the outputs of a full run, so that a code host shows their plots and tables without
 # running them (CI still runs each one below).
 SAVED_WITH_OUTPUTS = NAMES
