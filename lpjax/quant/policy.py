@@ -22,7 +22,9 @@ All the Way: FP4 forward, high-precision backward).
 A training loop builds one policy from its settings (`QuantPolicy.from_settings`), a model
 completes it with its architecture (`for_model`: its number of blocks and the layers it always
 keeps), and a precision schedule switches recipes by handing the model another policy:
-`with_recipe(name)` replaces steps 3-4 and leaves the kept layers alone.
+`with_recipe(name)` replaces steps 3-4 and leaves the kept layers alone, except that a kept layer
+never runs below an unquantized recipe the run asks for (`kept_recipe`: under "fp32", the
+trainer's full-precision evaluation, every layer runs fp32).
 
 Attention products are recognised by name: models call the score product (Q K^T) "attn_scores"
 (or "qk") and the value product (P V) "attn_values" (or "pv").

@@ -98,10 +98,11 @@ def test_policy_keeps_first_last_time_embedding_and_attention_products_high_prec
   assert set(rest.values()) == {"mxfp4_e4m3scale"} and len(rest) == 35
   assert {"down/0/res/0/conv1", "down/0/resample", "up/0/res/1/skip", "mid_attn/q",
           "mid_res1/time_proj", "up/0/resample"} <= set(rest)
-  # Full-precision validation: the quantized layers switch, kept stay.
+  # Full-precision validation: every layer runs fp32, the kept ones too (a kept layer never runs
+  # below the recipe the run asked for: QuantPolicy's kept_recipe).
   model.set_policy(policy.with_recipe("fp32"))
   over = {p: m.active_recipe().name for p, m in layers.items()}
-  assert {p for p, r in over.items() if r == "fp32"} == set(rest)
+  assert set(over.values()) == {"fp32"} and set(over) == KEPT | set(rest)
   pure = quantized_layers(unet_tiny(), QuantPolicy.from_settings("mxfp4_e4m3scale", pure=True))
   assert {m.active_recipe().name for m in pure.values()} == {"mxfp4_e4m3scale"}
 
