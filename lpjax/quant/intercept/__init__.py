@@ -6,6 +6,8 @@ register in `lpjax.quant.backends.MODEL_ADAPTERS`). Modules, and what they offer
   (the public functions), and for the model adapters of lpjax.nn: `as_policy` (a recipe name or
   policy -> QuantPolicy) and `run` (one call of a function with its GEMMs intercepted).
 - `evaluator`: the jaxpr evaluator that routes each GEMM equation through the policy.
+- `equations`: what the evaluator asks of one equation (a GEMM? its contraction length? an
+  embedding table or a weight computed from parameters?), and how to bind it as written.
 - `sites`: `Site` and `Report`, what a trace found.
 - `gemm_call`: the quantized call that replaces one GEMM equation.
 """

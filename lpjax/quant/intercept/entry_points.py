@@ -119,20 +119,9 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   """`fn(*args, **kwargs)` with its GEMMs through `policy` (the engine of `quantized`);
   `scope_root`: the first name scope of every equation (a linen model's), left out of paths."""
   weights_argnums = tuple(weights_argnums)
-  leaves, treedef = jax.tree.flatten((args, kwargs))
   weight_paths = _weight_leaves(args, weights_argnums)
   _check_weights_argument(args, weights_argnums, weight_paths)
-  # arrays (and tracers) are the jaxpr's inputs; anything else (Python numbers, strings) is static
-  dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
-
-  def flat_fn(*dyn):
-    full = list(leaves)
-    for i, x in zip(dynamic, dyn):
-      full[i] = x
-    a, kw = jax.tree.unflatten(treedef, full)
-    return fn(*a, **kw)
-
-  dyn_vals = [leaves[i] for i in dynamic]
+  flat_fn, dynamic, dyn_vals = _with_static_arguments(fn, args, kwargs)
   closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*dyn_vals)
   weights = {pos: Weight(weight_paths[i]) for pos, i in enumerate(dynamic) if i in weight_paths}
   if num_blocks is None:
@@ -215,9 +204,10 @@ def _refuse_models(fn):
           f"first, e.g. quantized(model.apply, policy) for linen.")
 
 
-def _eval_shape(target, args, kwargs):
-  """`jax.eval_shape` of `target(*args, **kwargs)` where non-array arguments (strings, Python
-  numbers, callables) stay static, as they are in the call itself."""
+def _with_static_arguments(fn, args, kwargs):
+  """(call, dynamic, values): `call(*values)` is `fn(*args, **kwargs)` with only the array leaves
+  (and tracers) as arguments; the others (Python numbers, strings, callables) stay static, as
+  they are in the call itself. `dynamic`: the flat leaf index of each value."""
   leaves, treedef = jax.tree.flatten((args, kwargs))
   dynamic = [i for i, x in enumerate(leaves) if _is_array(x)]
 
@@ -226,9 +216,15 @@ def _eval_shape(target, args, kwargs):
     for i, x in zip(dynamic, dyn):
       full[i] = x
     a, kw = jax.tree.unflatten(treedef, full)
-    return target(*a, **kw)
+    return fn(*a, **kw)
 
-  return jax.eval_shape(call, *[leaves[i] for i in dynamic])
+  return call, dynamic, [leaves[i] for i in dynamic]
+
+
+def _eval_shape(target, args, kwargs):
+  """`jax.eval_shape` of `target(*args, **kwargs)`, its non-array arguments static."""
+  call, _, values = _with_static_arguments(target, args, kwargs)
+  return jax.eval_shape(call, *values)
 
 
 @contextlib.contextmanager

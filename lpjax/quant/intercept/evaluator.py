@@ -14,19 +14,10 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from lpjax.quant.intercept import sites as sites_lib
+from lpjax.quant.intercept import equations, sites as sites_lib
 from lpjax.quant.intercept.gemm_call import is_identity, quantized_conv, quantized_dot
 from lpjax.quant.intercept.sites import HIGH_PRECISION, QUANTIZED, UNCHANGED, Site
 from lpjax.quant.policy import QuantPolicy
-
-_GEMMS = ("dot_general", "conv_general_dilated")
-# Ops that move or cast a weight without mixing it with anything: their result is still it.
-_LAYOUT_OPS = {"convert_element_type", "reshape", "transpose", "copy", "copy_p", "squeeze",
-               "expand_dims", "sharding_constraint", "mesh_cast", "slice", "dynamic_slice",
-               "reduce_precision"}
-
-# Ops with n operands and n results, the i-th result being the i-th operand (moved or pinned).
-_PER_OPERAND_OPS = {"optimization_barrier", "device_put", "pvary", "pbroadcast"}
 
 SITES_FOUND: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_sites", default=None)
 # `lpjax.quant.monitor`'s hook while it measures (None otherwise): called as
@@ -93,7 +84,7 @@ class Run:
       name = eqn.primitive.name
       in_feeds = frozenset().union(*(feeds.get(v, frozenset()) for v in eqn.invars
                                      if not isinstance(v, jcore.Literal)))
-      if name in _GEMMS:
+      if name in equations.GEMMS:
         wrefs = [weight_of(v) for v in eqn.invars[:2]]
         one_hot = any(w is None and not isinstance(v, jcore.Literal)
                       and marks.get(v) == "one_hot" for v, w in zip(eqn.invars[:2], wrefs))
@@ -104,25 +95,25 @@ class Run:
         for v in eqn.outvars:
           feeds[v] = frozenset({site})
         if all(w is not None for w in wrefs):  # a product of parameters (LoRA's A @ B): a weight
-          computed = _computed_weight(eqn, weight_of, gemm_ok=True)
+          computed = equations.computed_weight(eqn, weight_of, gemm_ok=True)
           for v in eqn.outvars:
             wenv[v] = computed
       else:
         self._note_lookups(eqn, weight_of)
-        for i in _one_hot_results(eqn, marks):
+        for i in equations.one_hot_results(eqn, marks):
           marks[eqn.outvars[i]] = "one_hot"
         outs = self._other(eqn, invals, [weight_of(v) for v in eqn.invars], scope)
         for v in eqn.outvars:
           feeds[v] = in_feeds
-        if name in _LAYOUT_OPS and eqn.invars and weight_of(eqn.invars[0]) is not None:
+        if name in equations.LAYOUT_OPS and eqn.invars and weight_of(eqn.invars[0]) is not None:
           for v in eqn.outvars:
             wenv[v] = wenv[eqn.invars[0]]
-        elif name in _PER_OPERAND_OPS:  # n operands -> n results, each its operand
+        elif name in equations.PER_OPERAND_OPS:  # n operands -> n results, each its operand
           for v_in, v_out in zip(eqn.invars, eqn.outvars):
             if weight_of(v_in) is not None:
               wenv[v_out] = wenv[v_in]
         else:
-          computed = _computed_weight(eqn, weight_of)
+          computed = equations.computed_weight(eqn, weight_of)
           if computed is not None:
             for v in eqn.outvars:
               wenv[v] = computed
@@ -136,18 +127,18 @@ class Run:
     if eqn.primitive.name == "gather" and weight_of(eqn.invars[0]) is not None:
       self.looked_up.add(weight_of(eqn.invars[0]).path)
       return
-    for sub in _inner_jaxprs(eqn):
+    for sub in equations.inner_jaxprs(eqn):
       if len(sub.invars) != len(eqn.invars):
         continue
-      for i in _gathered_inputs(sub):
+      for i in equations.gathered_inputs(sub):
         w = weight_of(eqn.invars[i])
         if w is not None:
           self.looked_up.add(w.path)
 
   def _other(self, eqn, invals, wrefs, scope: Scope):
     name = eqn.primitive.name
-    if not _has_gemm(eqn):
-      return _bind(eqn, invals)
+    if not equations.has_gemm(eqn):
+      return equations.bind(eqn, invals)
     params = eqn.params
     weights = {i: w for i, w in enumerate(wrefs) if w is not None}
     scope = scope.inside(eqn)
@@ -166,7 +157,7 @@ class Run:
       branches = [functools.partial(self._closed, b, w, scope) for b in params["branches"]]
       return jax.lax.switch(index, branches, *ops)
     self._list_inner(eqn, scope, f"inside {name}: its body runs as written")
-    return _bind(eqn, invals)
+    return equations.bind(eqn, invals)
 
   def _closed(self, closed, weights, scope, *args):
     return self.evaluate(closed.jaxpr, closed.consts, args, weights, scope)
@@ -233,7 +224,7 @@ class Run:
     reason = self._unattributable(eqn, lhs, rhs, weight)
     if reason:
       self._add(record(recipe="", status=UNCHANGED, reason=reason))
-      return _bind(eqn, invals)[0], path
+      return equations.bind(eqn, invals)[0], path
     recipe = self.policy.recipe_for(path, block=static_block)
     why = ""
     if recipe.is_high_precision:
@@ -243,13 +234,13 @@ class Run:
       why = ("an embedding table (a gather or a one-hot product looks it up): an embedding or "
              "tied head")
     elif not self.policy.pure:
-      short = _short_contraction(eqn, recipe, lhs, rhs)
+      short = equations.short_contraction(eqn, recipe, lhs, rhs)
       if short:
         recipe, why = self.policy.kept_recipe_for(path), short
     if is_identity(recipe, lhs, rhs, eqn.params.get("preferred_element_type")):
       self._add(record(recipe=str(recipe), status=UNCHANGED,
                        reason="fp32 recipe: the original op" + (f"; {why}" if why else "")))
-      return _bind(eqn, invals)[0], path
+      return equations.bind(eqn, invals)[0], path
     hp = recipe.is_high_precision
     count = self.calls.get((path, block_label), 0)
     self.calls[(path, block_label)] = count + 1
@@ -290,9 +281,9 @@ class Run:
   def _activation_path(self, eqn, feeds, outer: Scope) -> str:
     scope = sites_lib.scope_of_name_stack(outer.inside(eqn).names, self.scope_root)
     if not scope:
-      weight_feeds = [f for f in feeds if not _is_activation_site(f)]
+      weight_feeds = [f for f in feeds if not equations.is_activation_site(f)]
       scope = sites_lib.common_path(sorted(weight_feeds))
-    after = any(_is_activation_site(f) and f.rpartition("/")[0] == scope for f in feeds)
+    after = any(equations.is_activation_site(f) and f.rpartition("/")[0] == scope for f in feeds)
     name = "attn_values" if after else "attn_scores"
     return f"{scope}/{name}" if scope else name
 
@@ -317,158 +308,14 @@ class Run:
 
   def _list_inner(self, eqn, scope: Scope, reason: str):
     """Lists the GEMMs inside a primitive that runs unchanged."""
-    for sub in _inner_jaxprs(eqn):
+    for sub in equations.inner_jaxprs(eqn):
       for inner in sub.eqns:
-        if inner.primitive.name in _GEMMS:
+        if inner.primitive.name in equations.GEMMS:
           lhs, rhs = (v.aval for v in inner.invars[:2])
           path = sites_lib.scope_of_name_stack(scope.inside(inner).names,
                                                self.scope_root) or eqn.primitive.name
           self._add(Site(path=path, op=inner.primitive.name, lhs_shape=tuple(lhs.shape),
                          rhs_shape=tuple(rhs.shape), weight="?", weight_path=None, block="",
                          recipe="", status=UNCHANGED, reason=reason))
-        elif _has_gemm(inner):
+        elif equations.has_gemm(inner):
           self._list_inner(inner, scope.inside(inner), reason)
-
-
-def _computed_weight(eqn, weight_of, gemm_ok: bool = False):
-  """A weight computed from parameters alone (weight normalisation, a LoRA product, a scale
-  folded in): the operands are all parameters (or literals), and the result is named after the
-  largest of them."""
-  refs = [(v, weight_of(v)) for v in eqn.invars if not isinstance(v, jcore.Literal)]
-  if not refs or any(w is None for _, w in refs) or (_has_gemm(eqn) and not gemm_ok):
-    return None
-  return max(refs, key=lambda r: r[0].aval.size if hasattr(r[0].aval, "size") else 0)[1]
-
-
-# QuEST (quartet's forward) scales each block of 32 by its RMS, zero padding included: a block
-# that holds fewer than this many values of the contraction is clipped to a fraction of itself
-# (K = 1: output ~0, gradient 0; K = 2: relative error 0.5).
-QUEST_MIN_BLOCK_VALUES = 4
-
-
-def contraction_length(eqn) -> int:
-  """K, the number of products summed into one output: the contracting dims of a dot_general;
-  for a convolution, input features per group times the kernel window."""
-  if eqn.primitive.name == "dot_general":
-    (lc, _), _ = eqn.params["dimension_numbers"]
-    shape = eqn.invars[0].aval.shape
-    k = 1
-    for d in lc:
-      k *= shape[d]
-    return k
-  rhs = eqn.invars[1].aval.shape
-  dn = eqn.params["dimension_numbers"]
-  out_dim = dn.rhs_spec[0] if dn is not None else 0
-  k = 1
-  for d, n in enumerate(rhs):
-    if d != out_dim:
-      k *= n
-  return k
-
-
-def _short_contraction(eqn, recipe, lhs, rhs) -> str:
-  """Why `recipe` cannot quantize this GEMM's contraction, or "" (then it runs quantized).
-
-  Measured for every preset at K = 1, 2, 3, 7, 16, 31, 33 (tests/quant/test_intercept_short_k.py):
-  the block-scaled recipes (amax scales, zero padding) hold their error level at every K; QuEST's
-  RMS scale does not when a block of the contraction holds fewer than QUEST_MIN_BLOCK_VALUES
-  values (K = 1, 2, 3, 33, 34, 35, ...)."""
-  fwd = recipe.fwd
-  quest = [op for op in fwd.operands() if op is not None and getattr(op, "scheme", None) == "quest"]
-  if not quest:
-    return ""
-  k = contraction_length(eqn)
-  block = quest[0].format.block_size
-  tail = k % block
-  if k < block and k < QUEST_MIN_BLOCK_VALUES or 0 < tail < QUEST_MIN_BLOCK_VALUES:
-    held = k if k < block else tail
-    return (f"contraction K={k} leaves a block of {held} value(s) in {recipe.name or 'the'}'s "
-            f"{block}-blocks (fewer than {QUEST_MIN_BLOCK_VALUES}): QuEST's RMS scale would clip it")
-  return ""
-
-
-def _one_hot_results(eqn, marks: dict) -> list[int]:
-  """Positions of `eqn`'s results that are one-hot rows: the result of a comparison (`eq`) cast
-  to a float and moved by layout ops, here or inside a nested function without GEMMs
-  (`jax.nn.one_hot`'s jit). `marks`: {var: "eq" or "one_hot"} so far."""
-  name = eqn.primitive.name
-  first = eqn.invars[0] if eqn.invars and not isinstance(eqn.invars[0], jcore.Literal) else None
-  if name == "eq":
-    for v in eqn.outvars:
-      marks[v] = "eq"
-    return []
-  if name == "convert_element_type" and first is not None and first in marks:
-    return [0]
-  if name in _LAYOUT_OPS and first is not None and marks.get(first) == "one_hot":
-    return [0]
-  found = []
-  for sub in _inner_jaxprs(eqn):
-    if len(sub.outvars) == len(eqn.outvars) and not _jaxpr_has_gemm(sub):
-      inner: dict = {}
-      for e in sub.eqns:
-        for i in _one_hot_results(e, inner):
-          inner[e.outvars[i]] = "one_hot"
-      found += [i for i, v in enumerate(sub.outvars) if inner.get(v) == "one_hot"]
-  return found
-
-
-def _gathered_inputs(jaxpr) -> set[int]:
-  """Positions of `jaxpr`'s inputs that a gather reads rows of, through layout ops and nested
-  functions."""
-  origin = {v: i for i, v in enumerate(jaxpr.invars)}
-  found = set()
-  for eqn in jaxpr.eqns:
-    ins = [origin.get(v) if not isinstance(v, jcore.Literal) else None for v in eqn.invars]
-    if eqn.primitive.name == "gather" and ins and ins[0] is not None:
-      found.add(ins[0])
-    elif eqn.primitive.name in _LAYOUT_OPS and ins and ins[0] is not None:
-      for v in eqn.outvars:
-        origin[v] = ins[0]
-    else:
-      for sub in _inner_jaxprs(eqn):
-        if len(sub.invars) == len(ins):
-          found.update(ins[i] for i in _gathered_inputs(sub) if ins[i] is not None)
-  return found
-
-
-def _inner_jaxprs(eqn):
-  out = []
-  for v in eqn.params.values():
-    for j in (v if isinstance(v, (tuple, list)) else (v,)):
-      if isinstance(j, jcore.ClosedJaxpr):
-        out.append(j.jaxpr)
-      elif isinstance(j, jcore.Jaxpr):
-        out.append(j)
-  return out
-
-
-def _has_gemm(eqn) -> bool:
-  return any(_jaxpr_has_gemm(j) for j in _inner_jaxprs(eqn))
-
-
-@functools.lru_cache(maxsize=4096)
-def _jaxpr_has_gemm_cached(jaxpr) -> bool:
-  return any(e.primitive.name in _GEMMS or _has_gemm(e) for e in jaxpr.eqns)
-
-
-def _jaxpr_has_gemm(jaxpr) -> bool:
-  try:
-    return _jaxpr_has_gemm_cached(jaxpr)
-  except TypeError:  # unhashable
-    return any(e.primitive.name in _GEMMS or _has_gemm(e) for e in jaxpr.eqns)
-
-
-def _is_activation_site(path: str) -> bool:
-  return path.endswith("attn_scores") or path.endswith("attn_values")
-
-
-def _bind(eqn, invals):
-  """The equation as written (with its context: name scope, compute placement)."""
-  params = eqn.primitive.get_bind_params(eqn.params)
-  subfuns = []
-  if isinstance(params, tuple):  # JAX before 0.7: (subfuns, params)
-    subfuns, params = params
-  ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-  with ctx if ctx is not None else contextlib.nullcontext():
-    out = eqn.primitive.bind(*subfuns, *invals, **params)
-  return list(out) if eqn.primitive.multiple_results else [out]
