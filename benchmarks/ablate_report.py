@@ -208,38 +208,55 @@ def _pyplot():
   return plt
 
 
+def seeds_note(rows: list[dict]) -> str:
+  """How many seeds each row's mean has, in words for a plot title: "n = 3 seeds per row (band /
+  error bar: ± std)", "n = 1 seed (no error band)", or "n = 1-3 seeds per row (...)"."""
+  counts = sorted({int(r.get("n_ok", 0)) for r in rows if r.get("n_ok", 0)})
+  if not counts:
+    return "no finished runs"
+  n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+  if counts[-1] == 1:
+    return "n = 1 seed (no error band)"
+  return f"n = {n} seeds per row (band / error bar: ± std over the seeds)"
+
+
+def row_legend(row: dict) -> str:
+  """A row's legend label: its label and, when the plot mixes seed counts, its n."""
+  return f"{row['label']} (n={row.get('n_ok', 0)})"
+
+
 def plot_curves(summary: dict, path: str):
-  """Train loss vs step, mean over seeds (band: ± std), the reference dashed."""
+  """Train loss vs step, mean over seeds (band: ± std where n > 1), the reference dashed."""
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for r in summary["rows"]:
+  rows = [r for r in summary["rows"] if r["curve"]["steps"]]
+  fig, ax = plt.subplots(figsize=(9, 5.5))
+  for r in rows:
     c = r["curve"]
-    if not c["steps"]:
-      continue
     steps, mean, std = np.array(c["steps"]), np.array(c["mean"]), np.array(c["std"])
     is_ref = r["label"] == summary["reference"]
-    line, = ax.plot(steps, mean, "k--" if is_ref else "-", label=r["label"], lw=1.5)
-    if np.isfinite(std).any():
+    line, = ax.plot(steps, mean, "k--" if is_ref else "-", label=row_legend(r), lw=1.5)
+    if r.get("n_ok", 0) > 1 and np.isfinite(std).any():
       ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
-  ax.set_xlabel("step")
-  ax.set_ylabel("train loss (mean over seeds)")
-  ax.set_title(f"{summary['sweep']}: train loss")
+  ax.set_xlabel("training step")
+  ax.set_ylabel("train loss (nats/token; mean over seeds)")
+  ax.set_title(f"{summary['sweep']}: train loss; {seeds_note(rows)}", fontsize=10)
   ax.grid(alpha=0.3)
-  if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=8)
+  if ax.get_legend_handles_labels()[0]:  # outside the axes: many rows stay readable
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 
 def plot_final(summary: dict, path: str):
-  """Final eval loss per row (± std) and its difference to the reference in %."""
+  """Final eval loss per row (± std where n > 1) and its difference to the reference in %."""
   plt = _pyplot()
   rows = summary["rows"]
-  labels = [r["label"] for r in rows]
+  labels = [row_legend(r) for r in rows]
   x = np.arange(len(rows))
   mean = np.array([r["mean"] for r in rows], dtype=float)
-  std = np.nan_to_num(np.array([r["std"] for r in rows], dtype=float))
+  std = np.array([r["std"] if r.get("n_ok", 0) > 1 else NAN for r in rows], dtype=float)
+  std = np.nan_to_num(std)  # no error bar for one seed
   ratio = np.array([r["ratio_pct"] for r in rows], dtype=float)
   ref_mean = next((r["mean"] for r in rows if r["label"] == summary["reference"]), NAN)
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(rows) + 4), 4.5))
@@ -251,15 +268,17 @@ def plot_final(summary: dict, path: str):
     ax1.set_ylim(lo - pad, hi + pad)
   if math.isfinite(ref_mean):
     ax1.axhline(ref_mean, color="k", ls="--", lw=1)
-  ax1.set_title("final eval loss (± std; y axis zoomed)")
+  ax1.set_ylabel("final eval loss (nats/token; y axis zoomed)")
+  ax1.set_title("final eval loss")
   ax2.bar(x[finite], ratio[finite], yerr=(std / ref_mean * 100.0)[finite] if ref_mean > 0 else None,
           capsize=4, color=np.where(ratio[finite] > 0, "tab:red", "tab:green"))
   ax2.axhline(0.0, color="k", lw=1)
-  ax2.set_title(f"vs {summary['reference']} (%)")
+  ax2.set_ylabel(f"final eval loss vs {summary['reference']} (%)")
+  ax2.set_title(f"vs {summary['reference']}")
   for ax in (ax1, ax2):
     ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-  fig.suptitle(summary["sweep"])
+  fig.suptitle(f"{summary['sweep']}; {seeds_note(rows)}", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -70,6 +70,24 @@ def test_table_mean_std_and_ratio(tmp_path):
   assert "- b: TrainingError: 3 non-finite steps" in md
 
 
+def test_plots_state_the_number_of_seeds_and_draw_no_error_band_for_one(tmp_path):
+  one = [{"label": "a", "n_ok": 1}, {"label": "b", "n_ok": 1}]
+  assert report.seeds_note(one) == "n = 1 seed (no error band)"
+  assert report.seeds_note([{"n_ok": 3}, {"n_ok": 3}]).startswith("n = 3 seeds per row")
+  assert report.seeds_note([{"n_ok": 1}, {"n_ok": 3}]).startswith("n = 1-3 seeds per row")
+  assert report.seeds_note([{"n_ok": 0}]) == "no finished runs"
+  assert report.row_legend({"label": "mxfp4", "n_ok": 2}) == "mxfp4 (n=2)"
+  pytest.importorskip("matplotlib")
+  rows = _rows(tmp_path, {"fp32_adam": [dict(loss=2.0, curve=[(1, 5.0), (2, 4.0)])],
+                          "a": [dict(loss=2.2, curve=[(1, 5.5), (2, 4.5)])]})
+  s = report.summarize("demo", rows, "fp32_adam", {"size": "tiny", "scale": "cpu", "steps": 3,
+                                                   "seeds": [0]})
+  paths = report.write_reports(s, str(tmp_path / "out"))
+  for key in ("curves", "final"):
+    with open(paths[key], "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_ratio_of_a_row_with_fewer_seeds_uses_the_reference_runs_of_the_same_seeds(tmp_path):
   """A row with only seed 0 so far is compared with the reference's seed 0 (2.0), not with the
   mean of its three seeds (2.4): +10%, not -8.3%."""
