@@ -285,3 +285,20 @@ def test_computed_weights_and_parameter_names_are_sites():
   rep = quant.report(quant.quantize_model(Net(nnx.Rngs(0)), "mxfp4_naive"), jnp.ones((4, 64)))
   assert [(s.path, s.weight, s.recipe) for s in rep.sites] == [
       ("wq", "rhs", "mxfp4_naive"), ("wk", "rhs", "mxfp4_naive")]
+
+
+def test_linen_self_attention_products_are_named_once_under_the_module():
+  """linen's SelfAttention.__call__ calls its parent class's __call__, so the name stack holds
+  the module twice ("SelfAttention_0/SelfAttention_0/..."); its products are named once."""
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.SelfAttention(num_heads=2)(nn.Dense(32)(x))
+
+  x = jnp.ones((2, 8, 16))
+  variables = Model().init(jax.random.key(0), x)
+  report = quant.report(quant.quantize_model(Model(), "mxfp4_naive").apply, variables, x)
+  assert [s.path for s in report.sites] == [
+      "Dense_0", "SelfAttention_0/query", "SelfAttention_0/key", "SelfAttention_0/value",
+      "SelfAttention_0/attn_scores", "SelfAttention_0/attn_values", "SelfAttention_0/out"]

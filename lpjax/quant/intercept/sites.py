@@ -106,13 +106,17 @@ def scope_of_name_stack(name_stack: str, root: str = "") -> str:
   """A JAX name stack -> a module path. Transform markers ("jvp(...)", "transpose(...)") are
   unwrapped; jitted functions' names, `jnp.einsum`'s own scope ("bqhd,bkhd->bhqk") and lifted
   lambdas ("layers.<lambda>") are dropped; `root` (a linen model's class name, the first scope
-  of its name stack) is dropped too.
+  of its name stack) is dropped too. A scope repeated at once is one module whose method calls
+  another of its methods (linen's `SelfAttention.__call__` calls its parent class's): it is
+  named once.
 
   Examples:
     >>> scope_of_name_stack("jvp(Model)/layers_0/attn/bqhd,bkhd->bhqk", root="Model")
     'layers_0/attn'
     >>> scope_of_name_stack("block/jit(helper)/attn")
     'block/attn'
+    >>> scope_of_name_stack("M/SelfAttention_0/SelfAttention_0/...hqk,...khd->...qhd", root="M")
+    'SelfAttention_0'
   """
   parts = []
   for part in str(name_stack).split("/"):
@@ -120,7 +124,7 @@ def scope_of_name_stack(name_stack: str, root: str = "") -> str:
       continue
     while "(" in part and part.endswith(")"):
       part = part[part.index("(") + 1:-1]
-    if part:
+    if part and not (parts and parts[-1] == part):
       parts.append(part)
   if root and parts and parts[0] == root:
     parts = parts[1:]
