@@ -182,8 +182,12 @@ def validate_vision(config, problems) -> int:
     if config.model.stem not in ("", "imagenet", "small"):
       problems.append("model.stem must be '', 'imagenet' or 'small'.")
     if config.grad_accum_steps != 1:
-      problems.append("grad_accum_steps > 1 would change BatchNorm statistics; use 1 for "
-                      "ResNets.")
+      model = (f"model.factory {config.model.factory!r}" if config.model.get("factory")
+               else f"model.name {config.model.name!r}")
+      problems.append(f"grad_accum_steps={config.grad_accum_steps}: the classification task "
+                      f"({model}) trains with grad_accum_steps=1 only (microbatches would give "
+                      "BatchNorm statistics of a smaller batch); set grad_accum_steps=1, and "
+                      "lower batch_size if memory is short.")
     return 0
   d = config.diffusion
   if d.schedule not in ("linear", "cosine"):

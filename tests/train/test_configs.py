@@ -227,6 +227,17 @@ def test_validate_names_unknown_and_missing_keys():
     validate(c, device_count=8)
 
 
+def test_classification_grad_accumulation_error_names_the_model_and_the_fix():
+  c = cfg_lib.base_config("classification")
+  c.grad_accum_steps = 2
+  with pytest.raises(ConfigError, match=r"grad_accum_steps=2: the classification task \(model.name "
+                                        r"'resnet_tiny'\).*set grad_accum_steps=1"):
+    validate(c, device_count=8)
+  c.model.factory = "examples.own_model:make_classifier"
+  with pytest.raises(ConfigError, match=r"\(model.factory 'examples.own_model:make_classifier'\)"):
+    validate(c, device_count=8)
+
+
 def test_tasks_are_defined_once():
   from lpjax.train import _tasks as tasks
   assert tasks.TASKS is cfg_lib.TASKS
