@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import inspect
 import os
 import re
@@ -240,18 +241,22 @@ def remove_if_empty(workdir: str, ignore=(".lock",)) -> bool:
 
 
 _FULL_PRECISION = ("bf16", "fp32")
+PLOT_REQUIREMENTS = "requirements-plot.txt"  # matplotlib, pinned (make plot installs it)
 
 
 def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
-                  python: str = "python") -> list[tuple[str, str]]:
+                  python: str = "python", *,
+                  have_matplotlib: bool | None = None) -> list[tuple[str, str]]:
   """(command, what it does) pairs that train.py's summary suggests after a run: plot it, train
   its baseline in the other precision (the sibling config file, e.g. *_bf16.py for *_mxfp4.py,
   or the same file with --config.quant.recipe), and plot both together. `overrides`: the run's
-  --config.x=y flags, kept in the baseline's command (but its recipe's).
+  --config.x=y flags, kept in the baseline's command (but its recipe's). Without matplotlib
+  (`have_matplotlib`; None: look for it; `make train` installs only what training needs) the
+  first command installs the plot requirements.
 
   Examples:
     >>> for c, what in next_commands("/nonexistent/exp_mxfp4.py", "runs/exp", "mxfp4",
-    ...                              ["--config.steps=50"]):
+    ...                              ["--config.steps=50"], have_matplotlib=True):
     ...   print(c, "#", what)
     python -m lpjax.plot runs/exp # its loss curves as a PNG
     python train.py --config=/nonexistent/exp_mxfp4.py --config.steps=50 --config.quant.recipe=bf16 --workdir=runs/exp_bf16 # the same run in bf16, the baseline
@@ -260,7 +265,13 @@ def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
   With a sibling config file (configs/llama_tiny_bf16.py beside configs/llama_tiny_mxfp4.py) the
   baseline is that file, in the workdir train.py gives it by default (runs/llama_tiny_bf16).
   """
-  commands = [(f"{python} -m lpjax.plot {workdir}", "its loss curves as a PNG")]
+  if have_matplotlib is None:
+    have_matplotlib = importlib.util.find_spec("matplotlib") is not None
+  commands = []
+  if not have_matplotlib:
+    commands.append((f"{python} -m pip install -r {PLOT_REQUIREMENTS}",
+                     "matplotlib, for the plots (what `make plot` installs)"))
+  commands.append((f"{python} -m lpjax.plot {workdir}", "its loss curves as a PNG"))
   low = recipe.split(":")[0] not in _FULL_PRECISION
   other = "bf16" if low else "mxfp4"
   folder, name = os.path.split(config_path)

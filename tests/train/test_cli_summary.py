@@ -107,7 +107,7 @@ def test_the_summary_of_an_image_task_pairs_each_metric(tmp_path):
 def test_next_commands_use_the_sibling_bf16_config_for_a_fp4_run():
   config = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")
   commands = [c for c, _ in cli.next_commands(config, "runs/llama_tiny_mxfp4", "mxfp4",
-                                              ["--config.steps=50"])]
+                                              ["--config.steps=50"], have_matplotlib=True)]
   bf16 = os.path.join(ROOT, "configs", "llama_tiny_bf16.py")
   assert commands[1] == (f"python train.py --config={bf16} --config.steps=50 "
                          "--workdir=runs/llama_tiny_bf16")
@@ -115,9 +115,18 @@ def test_next_commands_use_the_sibling_bf16_config_for_a_fp4_run():
 
 
 def test_next_commands_of_a_bf16_run_suggest_mxfp4():
-  commands = [c for c, _ in cli.next_commands("my/exp.py", "runs/exp", "bf16")]
+  commands = [c for c, _ in cli.next_commands("my/exp.py", "runs/exp", "bf16",
+                                              have_matplotlib=True)]
   assert commands[1] == ("python train.py --config=my/exp.py --config.quant.recipe=mxfp4 "
                          "--workdir=runs/exp_mxfp4")
+
+
+def test_without_matplotlib_the_first_next_command_installs_the_plot_requirements():
+  commands = [c for c, _ in cli.next_commands("my/exp.py", "runs/exp", "bf16", python=".venv/bin/python",
+                                              have_matplotlib=False)]
+  assert commands[0] == ".venv/bin/python -m pip install -r requirements-plot.txt"
+  assert os.path.isfile(os.path.join(ROOT, cli.PLOT_REQUIREMENTS))
+  assert commands[1] == ".venv/bin/python -m lpjax.plot runs/exp"
 
 
 def test_train_py_ends_with_the_summary(tmp_path):
