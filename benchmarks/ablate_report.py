@@ -226,23 +226,37 @@ def row_legend(row: dict) -> str:
 
 
 def plot_curves(summary: dict, path: str):
-  """Train loss vs step, mean over seeds (band: ± std where n > 1), the reference dashed."""
+  """Left: train loss vs step, mean over seeds (band: ± std where n > 1), the reference dashed.
+  Right: each row's mean train loss relative to the reference's at the same step (%), where
+  rows that overlap on the left come apart."""
   plt = _pyplot()
   rows = [r for r in summary["rows"] if r["curve"]["steps"]]
-  fig, ax = plt.subplots(figsize=(9, 5.5))
+  ref = next((r for r in rows if r["label"] == summary["reference"]), None)
+  fig, (ax, gap_ax) = plt.subplots(1, 2, figsize=(14, 5.5))
+  ref_at = dict(zip(ref["curve"]["steps"], ref["curve"]["mean"])) if ref else {}
   for r in rows:
     c = r["curve"]
     steps, mean, std = np.array(c["steps"]), np.array(c["mean"]), np.array(c["std"])
-    is_ref = r["label"] == summary["reference"]
+    is_ref = r is ref
     line, = ax.plot(steps, mean, "k--" if is_ref else "-", label=row_legend(r), lw=1.5)
     if r.get("n_ok", 0) > 1 and np.isfinite(std).any():
       ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
+    shared = [(s, m) for s, m in zip(c["steps"], c["mean"]) if s in ref_at and ref_at[s]]
+    if shared and not is_ref:
+      gap_ax.plot([s for s, _ in shared], [100.0 * (m / ref_at[s] - 1.0) for s, m in shared],
+                  color=line.get_color(), lw=1.2)
   ax.set_xlabel("training step")
   ax.set_ylabel("train loss (nats/token; mean over seeds)")
   ax.set_title(f"{summary['sweep']}: train loss; {seeds_note(rows)}", fontsize=10)
-  ax.grid(alpha=0.3)
+  gap_ax.axhline(0.0, color="k", ls="--", lw=1)
+  gap_ax.set_xlabel("training step")
+  gap_ax.set_ylabel(f"train loss vs {summary['reference']} at the same step (%)")
+  gap_ax.set_title("each row against the reference (means over seeds)", fontsize=10)
+  for a in (ax, gap_ax):
+    a.grid(alpha=0.3)
   if ax.get_legend_handles_labels()[0]:  # outside the axes: many rows stay readable
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    gap_ax.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False)
   fig.tight_layout()
   fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
