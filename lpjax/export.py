@@ -8,8 +8,16 @@ rounded to bf16; mxfp4 / nvfp4 pack the linear weights that policy quantizes exa
 forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax.models.hf_llama has the layouts),
 and keep embeddings, norms and the layers the policy kept in bf16.
 
+A run whose forward weight quantizer packed values cannot reproduce (the `mxfp4` preset's random
+Hadamard transform, quartet's QuEST after a fixed Hadamard transform, nvfp4_4over6's scheme) is
+refused with the reason; `--allow_requantize` exports the round-to-nearest-even of its trained
+weights in the format instead, with a warning, recorded in config.json's quantization_config
+("lpjax_requantized"): those packed values are not the ones the training forward multiplied.
+
 Examples:
   python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_mxfp4 --format=mxfp4
+  python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_rtn --format=mxfp4 \
+      --allow_requantize
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 FORMATS = ("bf16", "mxfp4", "nvfp4")
 
@@ -75,20 +84,28 @@ def load_run(workdir: str):
   return cfg, state.params, policy, int(step)
 
 
-def export(workdir: str, out: str, fmt: str) -> dict:
-  """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict."""
+def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False) -> dict:
+  """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict
+  ("requantized": the reasons, when `allow_requantize` packed other values than the forward's)."""
   from lpjax.models import hf_llama  # noqa: PLC0415
 
   if fmt not in FORMATS:
     raise ExportError(f"--format={fmt!r}; valid: {', '.join(FORMATS)}.")
   cfg, params, policy, step = load_run(workdir)
   try:
-    hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy)
+    with warnings.catch_warnings():  # a requantization is reported in the summary (and by main)
+      warnings.filterwarnings("ignore", "export_weights: ", UserWarning)
+      hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy,
+                               requantize=allow_requantize)
   except ValueError as error:
-    raise ExportError(str(error)) from error
+    raise ExportError(str(error).replace("requantize=True (python -m lpjax.export "
+                                         "--allow_requantize)", "--allow_requantize")) from error
   files = sorted(f for f in os.listdir(out) if f.endswith((".safetensors", ".json")))
+  with open(os.path.join(out, "config.json")) as f:
+    requantized = json.load(f).get("quantization_config", {}).get("lpjax_requantized", {})
   return {"step": step, "format": fmt, "out": out, "files": files,
-          "bytes": sum(os.path.getsize(os.path.join(out, f)) for f in files)}
+          "bytes": sum(os.path.getsize(os.path.join(out, f)) for f in files),
+          "requantized": requantized.get("why", [])}
 
 
 def main(argv=None) -> int:
@@ -98,12 +115,20 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True, help="the Hugging Face checkpoint directory to write")
   parser.add_argument("--format", default="bf16", choices=FORMATS,
                       help="bf16 weights, or the run's MXFP4 / NVFP4 packed linear weights")
+  parser.add_argument("--allow_requantize", action="store_true",
+                      help="when the run's forward weight quantizer cannot be packed as it ran "
+                      "(a Hadamard transform, QuEST, stochastic rounding), pack the "
+                      "round-to-nearest of the trained weights instead (not the forward's values)")
   args = parser.parse_args(argv)
   try:
-    summary = export(args.workdir, args.out, args.format)
+    summary = export(args.workdir, args.out, args.format, allow_requantize=args.allow_requantize)
   except ExportError as error:
     print(f"error: {error}", file=sys.stderr)
     return 1
+  for why in summary["requantized"]:
+    print(f"warning: requantized: {why}; the packed weights are the round-to-nearest of the "
+          "trained weights, NOT the values the training forward multiplied (recorded in "
+          "config.json, quantization_config.lpjax_requantized).", file=sys.stderr)
   print(f"Exported step {summary['step']} of {args.workdir} as {args.format} to {args.out} "
         f"({summary['bytes'] / 1e6:.2f} MB: {', '.join(summary['files'])}).")
   return 0

@@ -329,22 +329,35 @@ _FORMATS = {  # layout -> (what the format must be, packer)
 }
 
 
-def quantization_config(layout: str, kept: list[str]) -> dict:
-  """The `quantization_config` of config.json for `layout`, `kept`: the modules left in bf16."""
+def quantization_config(layout: str, kept: list[str], requantized: list[str] = ()) -> dict:
+  """The `quantization_config` of config.json for `layout`, `kept`: the modules left in bf16;
+  `requantized`: why packed weights are not the training forward's values (see `export_tensors`),
+  recorded under "lpjax_requantized" (absent when the packed values are the forward's)."""
   if layout == "mxfp4":
-    return {"quant_method": "mxfp4", "modules_to_not_convert": kept}
-  return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-          "exclude_modules": kept, "kv_cache_quant_algo": None}
+    config = {"quant_method": "mxfp4", "modules_to_not_convert": kept}
+  else:
+    config = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+              "exclude_modules": kept, "kv_cache_quant_algo": None}
+  if requantized:
+    config["lpjax_requantized"] = {
+        "values": "round-to-nearest-even of the trained weights in this format, NOT the values "
+                  "the training forward pass multiplied",
+        "why": sorted(set(requantized))}
+  return config
 
 
 def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
-                   policy: QuantPolicy | None = None) -> tuple[dict, dict]:
+                   policy: QuantPolicy | None = None,
+                   requantize: bool = False) -> tuple[dict, dict]:
   """(config.json dict, {name: numpy tensor}) of lpjax LLaMA `params` in the Hugging Face layout.
 
   layout: "bf16" / "float32" (every weight in that dtype), or "mxfp4" / "nvfp4": the linear
   weights `policy` quantizes are packed as `policy`'s forward GEMMs quantize them
   (`lpjax.quant.export_weights`, in the model's compute dtype); embeddings, norms and kept layers
-  stay bf16.
+  stay bf16. A forward weight quantizer that packed values cannot reproduce (the `mxfp4`
+  preset's random Hadamard transform, quartet's QuEST) is refused unless `requantize`: then the
+  round-to-nearest-even of the trained weights is packed, with a warning, and config.json's
+  quantization_config records it under "lpjax_requantized".
   """
   flat = _flat_params(params)
   dtype = np.float32 if layout == "float32" else ml_dtypes.bfloat16
@@ -354,7 +367,7 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     if policy is None:
       raise ValueError(f"layout={layout!r} needs the policy the model was trained with.")
     policy = policy.for_model(num_blocks=cfg.layers)
-    packed = quant.export_weights(params, policy, dtype=cfg.compute_dtype)
+    packed = quant.export_weights(params, policy, dtype=cfg.compute_dtype, requantize=requantize)
     if not packed:
       raise ValueError(f"--format={layout}: the policy quantizes no linear weight (its last step "
                        "ran every layer in high precision); export bf16.")
@@ -380,16 +393,19 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
       kept.append(hf[:-len(".weight")])
     tensors[hf] = (a.T if name.endswith("kernel") else a).astype(np.float32).astype(dtype)
   if layout in QUANT_LAYOUTS:
-    config["quantization_config"] = quantization_config(layout, sorted(kept))
+    config["quantization_config"] = quantization_config(
+        layout, sorted(kept), [w.requantized for w in packed.values() if w.requantized])
   return config, tensors
 
 
 def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat16",
-                    policy: QuantPolicy | None = None, max_shard_bytes: int | None = None):
+                    policy: QuantPolicy | None = None, max_shard_bytes: int | None = None,
+                    requantize: bool = False):
   """Writes `params` as a Hugging Face LLaMA checkpoint directory (`dtype`: "bfloat16",
-  "float32", "mxfp4" or "nvfp4"; see `export_tensors`)."""
+  "float32", "mxfp4" or "nvfp4"; `requantize`: see `export_tensors`)."""
   layout = {"bfloat16": "bf16"}.get(dtype, dtype)
-  config, tensors = export_tensors(cfg, params, layout=layout, policy=policy)
+  config, tensors = export_tensors(cfg, params, layout=layout, policy=policy,
+                                   requantize=requantize)
   write_checkpoint(path, config, tensors, max_shard_bytes)
 
 

@@ -11,8 +11,15 @@ stack of blocks) gives one entry per block, "layers/attn/q_proj/kernel" -> "laye
 Weights the policy keeps in high precision, and parameters that are not GEMM weights (embeddings,
 norms, biases, convolution kernels), are not in the result: they are exported as they are.
 Quantizers that serving cannot reproduce from the packed values alone are refused with the reason:
-a forward Hadamard transform (its signs come from each step's key), stochastic rounding, an SR
-pre-scale, a paper's scheme (QuEST, 4/6, MS-EDEN) or an SSP grid.
+a forward Hadamard transform (the `mxfp4` preset's random one, whose signs come from each step's
+key, or quartet's fixed one: either way the forward multiplied W in a rotated basis that a served
+linear layer does not undo), stochastic rounding, an SR pre-scale, a paper's scheme (QuEST, 4/6,
+MS-EDEN) or an SSP grid. With `requantize=True` such a weight is exported instead as the
+round-to-nearest-even of the trained W in the same format (OCP MX rules for MXFP4: e8m0 scale
+2^(floor(log2 amax) - 2); NVFP4's two-level scales), with a `UserWarning`, and its PackedWeight's
+`requantized` says why: the packed values are then NOT those the training forward multiplied
+(a model trained through such a recipe is usually robust to this, but it was never trained
+against these exact values). SSP grids have no packed layout and stay refused.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -26,11 +33,21 @@ Examples:
   ('nvfp4_16x16', (32, 32), (2, 4), ())
   >>> bool((w.dequantize() == fake_quant(params["mlp"]["up"]["kernel"].T, "nvfp4_16x16")).all())
   True
+  >>> import warnings
+  >>> with warnings.catch_warnings(record=True) as caught:   # mxfp4: RHT-32 in the forward
+  ...   warnings.simplefilter("always")
+  ...   rtn = export_weights(params, QuantPolicy(recipe="mxfp4", keep_high_precision=()),
+  ...                        requantize=True)["mlp/up/kernel"]
+  >>> rtn.requantized[:37], len(caught)
+  ("mxfp4's forward GEMM rotates W with a", 1)
+  >>> bool((rtn.dequantize() == fake_quant(params["mlp"]["up"]["kernel"].T, "mxfp4")).all())
+  True
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +57,7 @@ from lpjax.quant.codec.qarray import QArray, dequantize
 from lpjax.quant.formats.specs import QuantFormat
 from lpjax.quant.gemm import operand as opq
 from lpjax.quant.policy import QuantPolicy, path_str
-from lpjax.quant.recipes.gemm_recipe import REUSE_FWD
+from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, OperandQuant
 
 _DETERMINISTIC = ("nearest_even", "nearest_away")
 
@@ -55,6 +72,7 @@ class PackedWeight:
   format: QuantFormat  # the format of the codes and scales
   shape: tuple[int, int]  # (out, in) of the dequantized weight: the kernel's (K, N) transposed
   recipe: str  # the name of the recipe whose W quantizer this is
+  requantized: str = ""  # "": the forward's exact values; else why they are W's plain RTN instead
 
   def qarray(self) -> QArray:
     """The lpjax QArray of these pieces (float32 values)."""
@@ -67,16 +85,20 @@ class PackedWeight:
     return dequantize(self.qarray(), jnp.float32)
 
 
-def _weight_operand(recipe, path: str):
-  """The W quantizer of `recipe`'s forward GEMM, or None when the weight stays in high precision;
-  raises when packed values alone cannot reproduce it."""
+def _weight_operand(recipe, path: str, requantize: bool = False):
+  """(the W quantizer to pack with, "" or why it is not the forward's own), or (None, "") when
+  the weight stays in high precision; raises when packed values alone cannot reproduce the
+  forward's and `requantize` is off (or the quantizer has no packed layout)."""
   if recipe.fwd is None:
-    return None
+    return None, ""
   op = recipe.fwd.rhs
   if op is None or op == REUSE_FWD:
-    return None
+    return None, ""
   why = None
-  if recipe.fwd.hadamard_block or op.hadamard_block:
+  if recipe.trust_masked and (recipe.fwd.hadamard_block or op.hadamard_block):
+    why = ("rotates W with a fixed Hadamard transform before its QuEST quantizer, so the values "
+           "it multiplied live in a rotated basis that a served linear layer does not undo")
+  elif recipe.fwd.hadamard_block or op.hadamard_block:
     why = ("rotates W with a random Hadamard transform (its signs come from each step's key), "
            "which a served linear layer does not apply")
   elif op.is_ssp:
@@ -87,23 +109,30 @@ def _weight_operand(recipe, path: str):
     why = "pre-scales W before rounding"
   elif op.rounding not in _DETERMINISTIC:
     why = f"rounds W with {op.rounding!r} rounding, which differs from step to step"
-  if why:
-    name = getattr(recipe, "name", None) or "this recipe"
-    raise ValueError(
-        f"Cannot export {path}: {name}'s forward GEMM {why}. Export with a recipe whose forward "
-        "weight quantizer is plain round-to-nearest without RHT (e.g. mxfp4_naive, nvfp4), "
-        "or export bf16.")
-  return op
+  if not why:
+    return op, ""
+  name = getattr(recipe, "name", None) or "this recipe"
+  if requantize and not op.is_ssp:
+    return OperandQuant(op.fmt), f"{name}'s forward GEMM {why}"
+  hint = ("" if op.is_ssp else " To export the round-to-nearest of the trained weights in the same "
+          "format instead (not the values the training forward multiplied), pass "
+          "requantize=True (python -m lpjax.export --allow_requantize).")
+  raise ValueError(
+      f"Cannot export {path}: {name}'s forward GEMM {why}. Export with a recipe whose forward "
+      "weight quantizer is plain round-to-nearest without RHT (e.g. mxfp4_naive, nvfp4), "
+      f"or export bf16.{hint}")
 
 
-def _pack(w_t, op, recipe, path: str) -> PackedWeight:
+def _pack(w_t, op, recipe, requantized: str) -> PackedWeight:
   q = opq.pack(w_t, op, axis=-1, key=None)
   ts = None if q.tensor_scale is None else np.asarray(q.tensor_scale, np.float32)
   return PackedWeight(np.asarray(q.codes), np.asarray(q.scales), ts, op.format,
-                      tuple(int(d) for d in w_t.shape), getattr(recipe, "name", "") or "")
+                      tuple(int(d) for d in w_t.shape), getattr(recipe, "name", "") or "",
+                      requantized)
 
 
-def export_weights(params, policy: QuantPolicy, *, dtype=None) -> dict[str, PackedWeight]:
+def export_weights(params, policy: QuantPolicy, *, dtype=None,
+                   requantize: bool = False) -> dict[str, PackedWeight]:
   """{weight path: PackedWeight} for every 2-D kernel that `policy` quantizes in the forward pass.
 
   Args:
@@ -113,12 +142,21 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None) -> dict[str, Pack
       keeps blocks; each layer's `recipe_for(path, block=...)` decides its W quantizer.
     dtype: the dtype the layer feeds the GEMM (a model's compute dtype, e.g. "bfloat16"); None:
       the kernel's own dtype.
+    requantize: for a W quantizer that packed values cannot reproduce (a forward Hadamard
+      transform, stochastic rounding, a paper's scheme), pack the round-to-nearest-even of W in
+      its format instead of refusing, with a UserWarning; each such PackedWeight's
+      `requantized` says why its values are not the training forward's.
 
   Returns:
     A dict from "/"-joined paths (blocks of a stack numbered, "layers/3/mlp/up_proj/kernel")
     to PackedWeight; high-precision weights are left out.
   """
   out = {}
+  def add(name, w_t, recipe):
+    op, requantized = _weight_operand(recipe, name, requantize)
+    if op is not None:
+      out[name] = _pack(w_t, op, recipe, requantized)
+
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     path = tuple(k for k in path if getattr(k, "name", None) != "value")  # nnx.State's leaves
     name = path_str(path)
@@ -127,16 +165,15 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None) -> dict[str, Pack
     layer = name[:-len("kernel")].rstrip("/")
     w = jnp.asarray(leaf) if dtype is None else jnp.asarray(leaf).astype(dtype)
     if w.ndim == 2:
-      recipe = policy.recipe_for(layer)
-      op = _weight_operand(recipe, name)
-      if op is not None:
-        out[name] = _pack(w.T, op, recipe, name)
+      add(name, w.T, policy.recipe_for(layer))
       continue
     head, _, tail = name.partition("/")
     for i in range(w.shape[0]):
-      block_name = f"{head}/{i}/{tail}"
-      recipe = policy.recipe_for(layer, block=i)
-      op = _weight_operand(recipe, block_name)
-      if op is not None:
-        out[block_name] = _pack(w[i].T, op, recipe, block_name)
+      add(f"{head}/{i}/{tail}", w[i].T, policy.recipe_for(layer, block=i))
+  reasons = sorted({p.requantized for p in out.values() if p.requantized})
+  if reasons:
+    n = sum(bool(p.requantized) for p in out.values())
+    warnings.warn(f"export_weights: {n} weight(s) requantized: {'; '.join(reasons)}. Their packed "
+                  "values are the round-to-nearest of the trained weights in the same format, NOT "
+                  "the values the training forward multiplied.", UserWarning, stacklevel=2)
   return out

@@ -6,11 +6,14 @@ is joined for you). `QuantPolicy.recipe_for(path)` decides, in this order:
 1. unless `pure`: a path matching one of `keep_high_precision` (embeddings, the LM head, norms,
    the attention score and value products, plus what the model adds: its first and last layers)
    -> `high_precision`, or the layer's own recipe (steps 3-4) when that one is unquantized and
-   more precise (`kept_recipe`: a kept layer never runs below the recipe asked for, so under
-   "fp32" every layer runs fp32);
+   at least as precise (`kept_recipe`: a kept layer never runs below the recipe asked for, so under
+   "fp32" every layer runs fp32). The default `high_precision` is "auto": a kept GEMM runs on
+   its operands as given (fp32 operands: fp32, bf16: bf16), the original program's GEMM, so a
+   kept layer never runs below the model's own dtype either; "bf16" casts kept GEMMs to bf16
+   (what lpjax's trainer asks for: `quant.high_precision_recipe`);
 2. unless `pure`: a block index (`block_pattern`) among the first `keep_first_blocks` or the last
    `keep_last_blocks` of `num_blocks` (or the last `keep_last_fraction` of them, the NVIDIA NVFP4
-   recipe's ~15%) -> `high_precision`;
+   recipe's ~15%) -> `high_precision` (as in step 1);
 3. the first of `rules` (regex, recipe) whose regex matches (re.search) -> that recipe;
 4. otherwise -> `recipe`.
 
@@ -32,8 +35,10 @@ Attention products are recognised by name: models call the score product (Q K^T)
 Examples:
   >>> p = QuantPolicy.from_settings("mxfp4", keep_last=1).for_model(num_blocks=4)
   >>> p.recipe_for("layers/0/mlp/up").name, p.recipe_for("embed").name, p.recipe_for("layers/3/attn/q").name
-  ('mxfp4', 'bf16', 'bf16')
-  >>> p.recipe_for(("layers", 1, "attn", "attn_scores")).name
+  ('mxfp4', 'auto', 'auto')
+  >>> p.recipe_for(("layers", 1, "attn", "attn_scores")).compute_dtype is None   # as given
+  True
+  >>> QuantPolicy(recipe="mxfp4", high_precision="bf16").recipe_for("lm_head").name
   'bf16'
   >>> p.with_recipe("bf16").recipe_for("layers/0/mlp/up").name
   'bf16'
@@ -41,7 +46,8 @@ Examples:
   'mxfp4'
   >>> QuantPolicy.from_settings("mxfp4", residuals="quantized").recipe_for("layers/0/up").residuals
   'quantized'
-  >>> nv = QuantPolicy.from_settings("nvfp4", keep_last_fraction=0.15).for_model(num_blocks=16)
+  >>> nv = QuantPolicy.from_settings("nvfp4", keep_last_fraction=0.15,
+  ...                                high_precision="bf16").for_model(num_blocks=16)
   >>> nv.kept_last_blocks, nv.recipe_for("layers/13/mlp").name, nv.recipe_for("layers/14/mlp").name
   (2, 'nvfp4', 'bf16')
   >>> qaf = dataclasses.replace(nv, forward_only=True).recipe_for("layers/0/mlp")
@@ -91,7 +97,7 @@ class QuantPolicy:
 
   recipe: RecipeLike = "bf16"  # recipe of every quantizable layer no rule matches
   rules: tuple[tuple[str, RecipeLike], ...] = ()  # (regex, recipe), checked in order after the keeps
-  high_precision: RecipeLike = "bf16"  # recipe of the layers kept in high precision
+  high_precision: RecipeLike = "auto"  # recipe of the kept layers; "auto": operands as given
   keep_high_precision: tuple[str, ...] = DEFAULT_HIGH_PRECISION  # regexes of always-hp layers
   keep_first_blocks: int = 0  # this many first blocks stay in high precision
   keep_last_blocks: int = 0  # this many last blocks stay in high precision (needs num_blocks)
@@ -104,13 +110,15 @@ class QuantPolicy:
   forward_only: bool = False  # quantized layers keep only their forward quantization (QAF finish)
 
   @classmethod
-  def from_settings(cls, recipe: RecipeLike = "bf16", *, high_precision: RecipeLike = "bf16",
+  def from_settings(cls, recipe: RecipeLike = "bf16", *, high_precision: RecipeLike = "auto",
                     pure: bool = False, keep_first: int = 0, keep_last: int = 0,
                     keep_last_fraction: float = 0.0, residuals: str = "",
                     **fields) -> "QuantPolicy":
     """The policy of a training run's quantization settings (the `quant.*` config keys).
 
-    recipe: the recipe of every quantized layer; high_precision: the recipe of the kept layers;
+    recipe: the recipe of every quantized layer; high_precision: the recipe of the kept layers
+    ("auto": each kept GEMM on its operands as given, never below the model's dtype; "bf16":
+    cast to bf16, as lpjax's trainer runs its own models);
     pure: quantize the kept layers too; keep_first / keep_last: blocks kept in high precision
     (the model supplies the number of blocks, see `for_model`); keep_last_fraction: the last
     fraction of the blocks kept (the larger of the two counts wins); residuals: "" (the recipe's),
@@ -284,6 +292,15 @@ class QuantPolicy:
       recipe = _forward_only(recipe)
     return recipe
 
+  def own_recipe(self, path) -> GemmRecipe:
+    """The recipe of the layer at `path` before any keep (steps 3-4): its rule's, or `recipe`.
+
+    Examples:
+      >>> QuantPolicy(recipe="mxfp4").own_recipe("lm_head").name
+      'mxfp4'
+    """
+    return recipes.get(self._rule_or_default(path_str(path)))
+
   def kept_recipe_for(self, path) -> GemmRecipe:
     """The recipe the layer at `path` runs when something keeps it in high precision (the
     policy, or the interception: an embedding table, a contraction too short for the recipe):
@@ -322,26 +339,34 @@ def _recipe_problem(what: str, recipe) -> list[str]:
 
 def precision_rank(recipe: GemmRecipe) -> int:
   """How precise a recipe's GEMMs are, for comparing high-precision recipes: 0 for a quantized
-  recipe, else the bits of its compute dtype (bf16 / fp16: 16, fp32: 32), 64 for "as given"."""
+  recipe, else the bits of its compute dtype (bf16 / fp16: 16, fp32: 32); 32 for "as given"
+  ("auto"), which is, like "fp32", the model's own GEMM on the operands of a model (fp32, bf16
+  or fp16: at most 32 bits; `lpjax.quant.intercept` runs both as the original op)."""
   if not recipe.is_high_precision:
     return 0
   if recipe.compute_dtype is None:
-    return 64
+    return 32
   return 8 * recipe.compute_dtype.itemsize
 
 
 def kept_recipe(high_precision: GemmRecipe, own: GemmRecipe) -> GemmRecipe:
   """The recipe of a kept layer: `high_precision`, unless the layer's own recipe (its rule's or
-  the policy's `recipe`) is itself unquantized and more precise: a kept layer never runs below
-  the recipe the run asked for (under "fp32" every layer, kept or not, runs fp32).
+  the policy's `recipe`) is itself unquantized and at least as precise: a kept layer never runs
+  below the recipe the run asked for (under "fp32" every layer, kept or not, runs fp32). With
+  "auto" (as given, the default) a kept layer runs the model's own GEMM under every recipe.
 
   Examples:
     >>> kept_recipe(recipes.get("bf16"), recipes.get("fp32")).name
     'fp32'
     >>> kept_recipe(recipes.get("bf16"), recipes.get("mxfp4")).name
     'bf16'
+    >>> kept_recipe(recipes.get("auto"), recipes.get("bf16")).name   # not below the model's dtype
+    'auto'
+    >>> kept_recipe(recipes.get("auto"), recipes.get("fp32")).name   # both the original GEMM
+    'fp32'
   """
-  return own if precision_rank(own) > precision_rank(high_precision) else high_precision
+  rank = precision_rank(own)
+  return own if rank and rank >= precision_rank(high_precision) else high_precision
 
 
 @functools.lru_cache(maxsize=None)

@@ -322,9 +322,50 @@ def test_export_refuses_a_format_other_than_the_runs_and_a_rotated_forward():
   with pytest.raises(ValueError, match="What you train is what you serve"):
     hf_llama.export_tensors(cfg, params, layout="nvfp4",
                             policy=quant.QuantPolicy.from_settings("mxfp4_naive"))
-  with pytest.raises(ValueError, match="Hadamard"):
+  with pytest.raises(ValueError, match="Hadamard.*--allow_requantize"):
     hf_llama.export_tensors(cfg, params, layout="mxfp4",
                             policy=quant.QuantPolicy.from_settings("mxfp4"))
+
+
+def _ocp_mxfp4_rtn(w_t: np.ndarray) -> np.ndarray:
+  """numpy OCP MX v1.0 MXFP4 round-to-nearest-even of W^T (out, in) along `in`: per 32-block,
+  scale 2^(floor(log2 amax) - 2) (E8M0), elements rounded to E2M1 (ties to even), saturating."""
+  out, n = w_t.shape
+  blocks = w_t.astype(np.float64).reshape(out, n // 32, 32)
+  amax = np.abs(blocks).max(-1, keepdims=True)
+  scale = np.exp2(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 2)
+  grid = np.array([0, .5, 1, 1.5, 2, 3, 4, 6])
+  a = np.minimum(np.abs(blocks) / scale, 6.0)
+  # nearest grid point; a tie goes to the even code (mantissa bit 0 = index even): a float32 / 2^k
+  # that is no tie is at least 2^-21 from one, far more than the 1e-9 tie-breaker
+  i = (np.abs(a[..., None] - grid) + 1e-9 * (np.arange(8) % 2)).argmin(-1)
+  return (np.sign(blocks) * grid[i] * scale).reshape(out, n).astype(np.float32)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "quartet"])
+def test_allow_requantize_exports_ocp_rtn_of_the_trained_weights_and_records_it(recipe):
+  """The `mxfp4` preset (RHT-32 in the forward) and quartet (QuEST after H-32): their forward
+  weights live in a rotated basis; with requantize the export is the OCP round-to-nearest of W,
+  decoded by the independent numpy decoder, and config.json says the values are not the
+  forward's."""
+  cfg, params = _trained()
+  policy = quant.QuantPolicy.from_settings(recipe, high_precision="bf16")
+  with pytest.warns(UserWarning, match="requantized"):
+    config, t = hf_llama.export_tensors(cfg, params, layout="mxfp4", policy=policy,
+                                        requantize=True)
+  qc = config["quantization_config"]
+  assert qc["quant_method"] == "mxfp4" and qc["modules_to_not_convert"] == ["lm_head"]
+  record = qc["lpjax_requantized"]
+  assert "NOT the values" in record["values"] and record["why"][0].startswith(recipe)
+  for i in range(LAYERS):
+    for module in LINEAR:
+      w_t = np.asarray(_weight_t(cfg, params, i, module))
+      got = _decode_mxfp4(t, f"model.layers.{i}.{module}")
+      assert np.array_equal(got, _ocp_mxfp4_rtn(w_t)), (i, module)
+  # without requantize the export refuses; an exact recipe records nothing
+  assert "lpjax_requantized" not in hf_llama.export_tensors(
+      cfg, params, layout="mxfp4", policy=quant.QuantPolicy.from_settings("mxfp4_naive"),
+      requantize=True)[0]["quantization_config"]
 
 
 @pytest.mark.parametrize("layout,recipe,low,high", [("mxfp4", "mxfp4_naive", 0.26, 0.275),

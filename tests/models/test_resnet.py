@@ -60,7 +60,7 @@ def test_tiny_runs_and_policy_keeps_stem_and_head_high_precision(tiny):
   assert logits.shape == (3, 10) and bool(jnp.isfinite(logits).all())
 
   cfg = resnet.ResNetConfig(name="resnet_tiny", stem="small")
-  policy = QuantPolicy.from_settings("mxfp4")
+  policy = QuantPolicy.from_settings("mxfp4", high_precision="bf16")  # as the trainer builds it
   model = nnx.eval_shape(lambda: resnet.ResNet(cfg, policy, rngs=nnx.Rngs(params=0)))
   layers = {path: m for path, m in ((path_str(p), m) for p, m in nnx.iter_modules(model))
             if hasattr(m, "active_recipe")}

@@ -111,7 +111,7 @@ def test_apply_policy_sets_paths_and_recipes():
   table = dict(apply_policy(model, policy))
   assert table == {"layers/0/up": "mxfp4_naive", "layers/0/down": "mxfp4_naive",
                    "layers/1/up": "mxfp4_naive", "layers/1/down": "mxfp4_naive",
-                   "layers/2/up": "bf16", "layers/2/down": "bf16", "lm_head": "bf16"}
+                   "layers/2/up": "auto", "layers/2/down": "auto", "lm_head": "auto"}
   assert model.layers[1].up.active_recipe() is recipes.get("mxfp4_naive")
   apply_policy(model, policy.with_recipe("bf16"))  # the precision schedule's switch
   assert model.layers[1].up.active_recipe() is recipes.get("bf16")

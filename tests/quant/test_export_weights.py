@@ -56,3 +56,31 @@ def test_stochastic_weight_rounding_is_refused():
   with pytest.raises(ValueError, match="stochastic"):
     quant.export_weights({"proj": {"kernel": _kernel()}},
                          quant.QuantPolicy(recipe=recipe, keep_high_precision=()))
+
+
+@pytest.mark.parametrize("recipe,fmt", [("mxfp4", "mxfp4"), ("quartet", "mxfp4"),
+                                        ("nvfp4_4over6", "nvfp4_16x16")])
+def test_requantize_packs_the_round_to_nearest_of_w_with_a_warning(recipe, fmt):
+  """A forward that packed values cannot reproduce: refused with a pointer to requantize=True,
+  which packs fake_quant(W^T) in the same format (plain RTN) and says so."""
+  params = {"proj": {"kernel": _kernel()}}
+  policy = quant.QuantPolicy(recipe=recipe, keep_high_precision=())
+  with pytest.raises(ValueError, match="requantize=True"):
+    quant.export_weights(params, policy)
+  with pytest.warns(UserWarning, match="NOT the values the training forward multiplied"):
+    p = quant.export_weights(params, policy, requantize=True)["proj/kernel"]
+  assert p.recipe == recipe and p.requantized.startswith(f"{recipe}'s forward GEMM")
+  assert p.format == quant.get_format(fmt)
+  want = quant.fake_quant(params["proj"]["kernel"].T, fmt)  # round-to-nearest-even, OCP scales
+  assert np.array_equal(np.asarray(p.dequantize()), np.asarray(want))
+
+
+def test_requantize_changes_nothing_a_forward_reproduces_and_ssp_stays_refused():
+  params = {"proj": {"kernel": _kernel()}}
+  exact = quant.QuantPolicy(recipe="mxfp4_naive", keep_high_precision=())
+  a = quant.export_weights(params, exact)["proj/kernel"]
+  b = quant.export_weights(params, exact, requantize=True)["proj/kernel"]
+  assert b.requantized == "" and np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales)
+  with pytest.raises(ValueError, match="SSP grid"):
+    quant.export_weights(params, quant.QuantPolicy(recipe="ssp_fp4", keep_high_precision=()),
+                         requantize=True)

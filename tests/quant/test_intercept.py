@@ -80,7 +80,10 @@ def test_kept_blocks_unroll_the_scan_and_match_lpjax_unrolled_llama():
   plain = PlainLlama(CFG, scan=True, rngs=nnx.Rngs(0))
   rep = quant.report(quant.quantize_model(plain, policy), TOKENS, quant_key=KEY)
   q_proj = {s.block: s.recipe for s in rep.sites if s.path == "layers/attn/q_proj"}
-  assert q_proj == {"0": "bf16", "1": "mxfp4", "2": "bf16"}
+  assert q_proj == {"0": "auto", "1": "mxfp4", "2": "auto"}  # kept blocks: as given (fp32)
+  bf16 = quant.QuantPolicy.from_settings("mxfp4", keep_first=1, keep_last=1, high_precision="bf16")
+  (loss_a, _), (loss_b, _), _ = _lpjax_and_plain(bf16, scan_plain=True)
+  assert float(loss_a) == float(loss_b)
 
 
 def test_unquantized_paths_are_bit_identical_to_the_model_without_interception():
@@ -100,11 +103,12 @@ def test_report_names_attention_products_and_the_weight_operand():
   rows = {(s.path, s.block): s for s in rep.sites}
   assert len(rep.sites) == 3 * 9 + 1
   scores, values = rows[("layers/1/attn/attn_scores", "1")], rows[("layers/1/attn/attn_values", "1")]
-  assert scores.weight == values.weight == "none" and scores.recipe == values.recipe == "bf16"
+  assert scores.weight == values.weight == "none" and scores.recipe == values.recipe == "auto"
   up = rows[("layers/2/mlp/up_proj", "2")]
   assert (up.weight, up.weight_path, up.recipe, up.status) == (
       "rhs", "layers/2/mlp/up_proj/kernel", "nvfp4", "quantized")
-  assert rows[("lm_head", "")].recipe == "bf16"
+  assert rows[("lm_head", "")].recipe == "auto"
+  assert rows[("lm_head", "")].reason == "kept by the policy; the original op (operands as given)"
   assert "28 GEMM call sites: 21 quantized, 7 high precision, 0 unchanged" in str(rep)
 
 

@@ -18,8 +18,25 @@ def test_defaults_keep_embeddings_head_norms_and_attention_products_high_precisi
   got = names(QuantPolicy(recipe="mxfp4"))
   hp = {"embed_tokens", "layers/0/input_norm", "layers/0/attn/attn_scores", "layers/0/attn/attn_values",
         "final_norm", "lm_head"}
-  assert {p for p, n in got.items() if n == "bf16"} == hp
+  assert {p for p, n in got.items() if n == "auto"} == hp  # the default: operands as given
   assert {n for p, n in got.items() if p not in hp} == {"mxfp4"}
+  assert {p for p, n in names(QuantPolicy(recipe="mxfp4", high_precision="bf16")).items()
+          if n == "bf16"} == hp
+
+
+def test_default_high_precision_is_the_original_gemm_never_below_the_model_dtype():
+  """Kept layers run "auto": no cast, so an fp32 model's kept GEMMs stay fp32 under FP4 recipes
+  and under bf16; an explicit high_precision (as the trainer passes) is kept."""
+  auto = recipes.get("auto")
+  assert auto.is_high_precision and auto.compute_dtype is None and "auto" not in recipes.NAMES
+  assert QuantPolicy().high_precision == QuantPolicy.from_settings().high_precision == "auto"
+  for recipe in ("mxfp4", "nvfp4", "quartet", "fp8", "bf16"):
+    assert QuantPolicy(recipe=recipe).recipe_for("lm_head") is auto, recipe
+    assert QuantPolicy(recipe=recipe, high_precision="bf16").recipe_for("lm_head").name == "bf16"
+  assert QuantPolicy(recipe="fp32").recipe_for("lm_head").name == "fp32"  # both the original op
+  assert hash(QuantPolicy()) == hash(QuantPolicy(high_precision="auto"))
+  with pytest.raises(ValueError, match="high_precision: Unknown recipe 'autoo'"):
+    QuantPolicy(high_precision="autoo")
 
 
 def test_pure_quantizes_everything():
@@ -32,14 +49,14 @@ def test_pure_quantizes_everything():
 def test_first_and_last_blocks_and_block_patterns():
   p = QuantPolicy(recipe="mxfp4", keep_first_blocks=1, keep_last_blocks=2, num_blocks=8)
   got = names(p)
-  assert got["layers/0/mlp/gate_proj"] == "bf16" and got["layers/3/mlp/up_proj"] == "mxfp4"
-  assert got["layers/7/mlp/up_proj"] == "bf16"
-  assert p.recipe_for("layers/6/mlp/up").name == "bf16" and p.recipe_for("layers/5/mlp/up").name == "mxfp4"
+  assert got["layers/0/mlp/gate_proj"] == "auto" and got["layers/3/mlp/up_proj"] == "mxfp4"
+  assert got["layers/7/mlp/up_proj"] == "auto"
+  assert p.recipe_for("layers/6/mlp/up").name == "auto" and p.recipe_for("layers/5/mlp/up").name == "mxfp4"
   for path in ("blocks.6.mlp", "h/6/mlp", "layer_6/mlp", ("layers", 6, "mlp")):
-    assert p.recipe_for(path).name == "bf16", path
+    assert p.recipe_for(path).name == "auto", path
   first2 = QuantPolicy(recipe="mxfp4", keep_first_blocks=2)
   assert first2.recipe_for("layers/16/mlp").name == "mxfp4"  # block 16, not block 1
-  assert first2.recipe_for("layers/1/mlp").name == "bf16"
+  assert first2.recipe_for("layers/1/mlp").name == "auto"
   with pytest.raises(ValueError, match="num_blocks"):  # the model fills num_blocks in (for_model)
     QuantPolicy(keep_last_blocks=2).recipe_for("layers/1/mlp")
 
@@ -50,19 +67,20 @@ def test_rules_first_match_wins_after_the_keeps():
   got = names(p)
   assert got["layers/0/attn/q_proj"] == "mxfp8"  # first match, though "attn" matches too
   assert got["layers/0/attn/o_proj"] == "fp8"
-  assert got["layers/0/attn/attn_scores"] == "bf16"  # the keeps come before the rules
+  assert got["layers/0/attn/attn_scores"] == "auto"  # the keeps come before the rules
   assert got["layers/0/mlp/down_proj"] == "nvfp4" and got["layers/0/mlp/gate_proj"] == "mxfp4"
   assert p.kept_high_precision("lm_head") and not p.kept_high_precision("layers/0/mlp/up")
-  assert "lm_head" in p.describe(["lm_head"]) and "bf16" in p.describe(["lm_head"])
+  assert "lm_head" in p.describe(["lm_head"]) and "auto" in p.describe(["lm_head"])
   with pytest.raises(Exception):
     QuantPolicy(rules=(("(unclosed", "bf16"),))
 
 
 def test_with_recipe_replaces_the_quantized_layers_only():
   p = QuantPolicy(recipe="mxfp4", rules=((r"attn", "mxfp8"),))
-  assert set(names(p.with_recipe("bf16")).values()) == {"bf16"}
+  assert set(names(p.with_recipe("bf16")).values()) == {"bf16", "auto"}
+  assert set(names(p.with_recipe("fp32")).values()) == {"fp32"}
   got = names(p.with_recipe("mxfp8"))
-  assert got["lm_head"] == "bf16"
+  assert got["lm_head"] == "auto"
   assert got["layers/3/mlp/up_proj"] == "mxfp8" and got["layers/0/attn/q_proj"] == "mxfp8"
   assert p.with_recipe(None) is p
   assert names(p)["layers/3/mlp/up_proj"] == "mxfp4"
@@ -97,7 +115,8 @@ def test_from_settings_means_the_same_for_every_model():
 @pytest.mark.parametrize("blocks, fraction, kept", [(62, 0.15, 9), (4, 0.15, 1), (16, 0.15, 2),
                                                     (10, 0.0, 0), (10, 0.5, 5)])
 def test_keep_last_fraction_rounds_and_keeps_at_least_one(blocks, fraction, kept):
-  p = QuantPolicy.from_settings("nvfp4", keep_last_fraction=fraction).for_model(num_blocks=blocks)
+  p = QuantPolicy.from_settings("nvfp4", keep_last_fraction=fraction,
+                                high_precision="bf16").for_model(num_blocks=blocks)
   assert p.kept_last_blocks == kept and p.varies_by_block == bool(fraction)
   got = [p.recipe_for(f"layers/{i}/mlp/up").name for i in range(blocks)]
   assert got == ["nvfp4"] * (blocks - kept) + ["bf16"] * kept

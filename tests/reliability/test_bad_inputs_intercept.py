@@ -53,13 +53,14 @@ def _kept_runs_fp32_under_fp32_rule():
   """A rule that sends some layers to fp32 also lifts the kept layers it matches."""
   p = quant.QuantPolicy(recipe="mxfp4", rules=((r"attn", "fp32"),))
   return (p.recipe_for("attn/attn_scores").name, p.recipe_for("mlp/up").name,
-          p.recipe_for("embed").name) == ("fp32", "mxfp4", "bf16")
+          p.recipe_for("embed").name) == ("fp32", "mxfp4", "auto")
 
 
 def _fp16_kept_under_bf16_recipe_is_the_model():
-  """bf16 recipe on a bf16 model: every site, kept or not, is the model's own GEMM."""
+  """bf16 recipe on a bf16 model: every site runs bf16, the kept ones as given (the model's own)."""
   rep = H.linen_report(M.LinenLM(dtype=jnp.bfloat16), "bf16", M.TOKENS)
-  return all(s.recipe == "bf16" for s in rep.sites)
+  return all(s.recipe == ("auto" if s.reason else "bf16") for s in rep.sites) and any(
+      s.recipe == "auto" and s.status == "unchanged" for s in rep.sites)
 
 
 # --- item 3: the keep list: names, case, data flow -------------------------------------------------
@@ -205,7 +206,8 @@ def _high_precision_fp32_under_fp4():
   """high_precision="fp32" on an fp32 model: the kept sites are the model's own GEMMs."""
   rep = H.linen_report(M.LinenLM(), quant.QuantPolicy(recipe="mxfp4", high_precision="fp32"), M.TOKENS)
   kept = [s for s in rep.sites if s.status != "quantized"]
-  return len(kept) == 3 and all(s.status == "unchanged" and s.recipe == "fp32" for s in kept)
+  return len(kept) == 3 and all(s.status == "high precision" and s.recipe == "fp32"
+                                and s.reason.endswith("fp32 recipe: the original op") for s in kept)
 
 
 def _embedding_in_jit_tied():
@@ -254,11 +256,11 @@ CASES = [
     Case("fp32", "report: every site unchanged, recipe fp32", lambda _: _fp32_all_unchanged(),
          Holds("10 sites, all unchanged fp32")),
     Case("fp32", "a rule to fp32 lifts the kept layers it matches",
-         lambda _: _kept_runs_fp32_under_fp32_rule(), Holds("fp32 / mxfp4 / bf16")),
+         lambda _: _kept_runs_fp32_under_fp32_rule(), Holds("fp32 / mxfp4 / auto")),
     Case("fp32", "high_precision='fp32' under mxfp4: kept sites are the model's",
-         lambda _: _high_precision_fp32_under_fp4(), Holds("3 kept sites, unchanged fp32")),
+         lambda _: _high_precision_fp32_under_fp4(), Holds("3 kept sites, fp32: the original op")),
     Case("fp32", "bf16 recipe on a bf16 model", lambda _: _fp16_kept_under_bf16_recipe_is_the_model(),
-         Holds("every site bf16")),
+         Holds("every site bf16, kept ones as given")),
     # item 3: what the defaults keep
     Case("keep", "linen auto-named Embed_0 tied through attend", lambda _: _linen_auto_embed_tied_kept(),
          Holds("Embed_0 kept (gather), Dense_0 quantized")),

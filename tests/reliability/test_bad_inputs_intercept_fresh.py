@@ -125,13 +125,15 @@ def _plain_leaf_names():
 
 
 def _bf16_model_sites():
-  """A bf16 model: kept sites run bf16 (its own dtype), quantized sites mxfp4; output bf16."""
+  """A bf16 model: kept sites run as given (bf16, its own dtype: the original op), quantized
+  sites mxfp4; output bf16."""
   apply, q, variables = H.built_linen(M.LinenLM(dtype=jnp.bfloat16), "mxfp4", M.TOKENS)
   y = q(variables, M.TOKENS, quant_key=KEY)
   rep = H.report(quant.quantize_model(M.LinenLM(dtype=jnp.bfloat16), "mxfp4"), variables, M.TOKENS)
   return (y.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y.astype(F32))))
-          and all(s.recipe == ("bf16" if s.status == "high precision" else "mxfp4")
-                  for s in rep.sites))
+          and all(s.recipe == ("auto" if s.status == "high precision" else "mxfp4")
+                  for s in rep.sites)
+          and all("the original op" in s.reason for s in rep.sites if s.recipe == "auto"))
 
 
 def _fp16_model():
@@ -363,7 +365,7 @@ CASES = [
     Case("fresh", "plain pytree leaf names w / weight", lambda _: _plain_leaf_names(),
          Holds("mlp/up, mlp/down quantized; lm_head kept")),
     Case("fresh", "bf16 model under mxfp4", lambda _: _bf16_model_sites(),
-         Holds("bf16 output, kept bf16, quantized mxfp4")),
+         Holds("bf16 output, kept as given (bf16), quantized mxfp4")),
     Case("fresh", "fp16 model under nvfp4", lambda _: _fp16_model(), Holds("fp16 output, close")),
     Case("fresh", "layer applied twice", lambda _: _called_twice_per_step(),
          Holds("2 sites, reproducible")),

@@ -105,6 +105,41 @@ def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
       tmp_path / "bf16" / "model.safetensors")
 
 
+def test_a_run_in_the_default_mxfp4_recipe_exports_only_with_allow_requantize(tmp_path, capsys):
+  """The `mxfp4` preset rotates W (RHT-32) before rounding it: the export says so and names the
+  flag; with --allow_requantize it writes the OCP round-to-nearest of the trained weights and
+  records that in config.json."""
+  _hf(tmp_path / "hf")
+  trainer = Trainer(_config(tmp_path / "hf", 1), str(tmp_path / "run"))
+  trainer.run()
+  params = trainer.restore_or_init()[0].params
+  # the export reads the run's recipe from its config.json: make it an `mxfp4` run (compiling an
+  # mxfp4 train step costs ~40 s on CPU; what the export does depends only on config and weights)
+  with open(tmp_path / "run" / "config.json") as f:
+    config = json.load(f)
+  config["quant"]["recipe"] = "mxfp4"
+  with open(tmp_path / "run" / "config.json", "w") as f:
+    json.dump(config, f)
+  run, out = f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'mx'}"
+  assert lpexport.main([run, out, "--format=mxfp4"]) == 1
+  err = capsys.readouterr().err
+  assert "random Hadamard transform" in err and "--allow_requantize" in err
+  assert lpexport.main([run, out, "--format=mxfp4", "--allow_requantize"]) == 0
+  assert "NOT the values the training forward multiplied" in capsys.readouterr().err
+  with open(tmp_path / "mx" / "config.json") as f:
+    record = json.load(f)["quantization_config"]["lpjax_requantized"]
+  assert record["why"][0].startswith("mxfp4's forward GEMM rotates W")
+  packed = hf_llama.read_tensors(str(tmp_path / "mx"))
+  kernel = np.asarray(params["layers"]["mlp"]["up_proj"]["kernel"][...][0])
+  want = np.asarray(quant.fake_quant(jnp.asarray(kernel.T), "mxfp4"))  # RTN, OCP scales
+  blocks = packed["model.layers.0.mlp.up_proj.weight_blocks"]
+  scales = packed["model.layers.0.mlp.up_proj.weight_scales"]
+  codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(F, -1)
+  e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+  got = e2m1[codes] * np.repeat(np.exp2(scales.astype(np.float32) - 127), 32, axis=1)
+  assert np.array_equal(got, want)
+
+
 def embed_converter(tensors, params):
   """model.init_converter of the factory test: the checkpoint's embedding into TinyLM's."""
   return {**params, "embed": {"embedding": jnp.asarray(tensors["model.embed_tokens.weight"])}}

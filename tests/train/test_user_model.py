@@ -60,6 +60,19 @@ def test_factory_model_under_fsdp_matches_one_device(tmp_path):
   np.testing.assert_allclose(r8["final_train_loss"], r1["final_train_loss"], rtol=1e-5)
 
 
+def test_factory_model_kept_sites_run_as_given_with_high_precision_auto(tmp_path):
+  """quant.high_precision_recipe="auto" (the library's default; the config's stays "bf16"): the
+  fp32 factory model's kept sites run its own GEMMs, and the report says so."""
+  c = small("mxfp4_naive", steps=2, **{"model.factory": "user_models:linen_lm",
+                                       "quant.high_precision_recipe": "auto"})
+  _, results = _run(tmp_path, "auto", c, devices=jax.devices()[:1])
+  assert results["steps"] == 2 and np.isfinite(results["final_train_loss"])
+  rows = [l.split() for l in (tmp_path / "auto" / "quant_report.txt").read_text().splitlines()]
+  head = next(r for r in rows if r and r[0] == "lm_head")
+  up = next(r for r in rows if r and r[0] == "up")
+  assert "auto" in head and "high" in head and "mxfp4_naive" in up and "quantized" in up
+
+
 def test_linen_classifier_with_batch_statistics(tmp_path):
   c = override(vision_config("resnet_tiny", recipe="mxfp4"), steps=2, batch_size=16, eval_every=0,
                checkpoint_every=0, eval_steps=1, progress_bar=False, **{

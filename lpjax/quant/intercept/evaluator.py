@@ -238,8 +238,13 @@ class Run:
       if short:
         recipe, why = self.policy.kept_recipe_for(path), short
     if is_identity(recipe, lhs, rhs, eqn.params.get("preferred_element_type")):
-      self._add(record(recipe=str(recipe), status=UNCHANGED,
-                       reason="fp32 recipe: the original op" + (f"; {why}" if why else "")))
+      # the original op runs; a site kept out of a quantized recipe is reported as kept
+      lifted = bool(why) and not self.policy.own_recipe(path).is_high_precision
+      original = ("the original op (operands as given)" if recipe.compute_dtype is None
+                  else f"{recipe} recipe: the original op")
+      self._add(record(recipe=str(recipe), status=HIGH_PRECISION if lifted else UNCHANGED,
+                       reason=f"{why}; {original}" if lifted else
+                       original + (f"; {why}" if why else "")))
       return equations.bind(eqn, invals)[0], path
     hp = recipe.is_high_precision
     count = self.calls.get((path, block_label), 0)

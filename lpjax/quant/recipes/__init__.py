@@ -22,6 +22,11 @@ Stands on `formats` and `schemes`. Modules: `gemm_recipe` (`GemmRecipe`, `GemmQu
 | ssp_fp4 | SSP FP4 g256 top-2 | bf16 dY, fwd Q(W) | fwd Q(X), bf16 dY | Stable-SPAM paper |
 | ssp_int4 | int4 X, uint4 W g256 | bf16 dY, fwd Q(W) | fwd Q(X), bf16 dY | Stable-SPAM paper |
 
+Besides the presets, "auto" (`presets.AUTO`, not in `NAMES`) is the "as given" recipe: no
+quantization and no cast, each GEMM on its operands' own dtype (the original program's GEMM).
+It is `QuantPolicy`'s default `high_precision`, so a kept layer never runs below the model's own
+dtype.
+
 Every quantized preset computes in bf16 (fake-quantized operands cast to bf16, fp32 accumulation)
 and keeps high-precision residuals; use `dataclasses.replace(get(name), residuals="quantized")` for
 the memory-saving path.
@@ -48,7 +53,7 @@ _VARIANTS: dict[str, GemmRecipe] = {}
 
 
 def get(name: str) -> GemmRecipe:
-  """The preset recipe `name` (one of `NAMES`), or a variant "<preset>:key=value,..." (see
+  """The preset recipe `name` (one of `NAMES`, or "auto": the operands as given), or a variant "<preset>:key=value,..." (see
   docs/gemm.md, "Recipe variants"); a GemmRecipe passes through unchanged. This is lpjax's one
   recipe resolver: QuantPolicy, dot_general and the config validation all call it."""
   if isinstance(name, GemmRecipe):

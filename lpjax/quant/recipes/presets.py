@@ -4,6 +4,8 @@
 Examples:
   >>> preset("mxfp4_bwd").fwd.lhs is None   # forward in bf16
   True
+  >>> preset("auto").is_high_precision, preset("auto").compute_dtype   # "auto": as given
+  (True, None)
 """
 
 from __future__ import annotations
@@ -183,6 +185,16 @@ def _ssp_int4():
   return _ssp("ssp_int4_g256", "ssp_uint4_g256", "ssp_int4")
 
 
+AUTO = "auto"  # the "as given" recipe: not a preset (not in NAMES), QuantPolicy's kept-layer default
+
+
+def _as_given():
+  """No quantization and no cast: each GEMM runs on its operands as given (fp32 operands: an fp32
+  GEMM, bf16: bf16), i.e. the original program's GEMM. `QuantPolicy`'s default `high_precision`:
+  a kept layer never runs below the model's own dtype."""
+  return GemmRecipe(name=AUTO)
+
+
 _BUILDERS = {
     "fp32": _fp32, "bf16": _bf16, "fp8": _fp8, "mxfp8": _mxfp8, "mxfp4": _mxfp4,
     "mxfp4_bwd": _mxfp4_bwd, "nvfp4": _nvfp4, "mxfp4_e4m3scale": _mxfp4_e4m3scale,
@@ -191,16 +203,21 @@ _BUILDERS = {
 }
 NAMES = tuple(_BUILDERS)
 _CACHE: dict[str, GemmRecipe] = {}
+_AS_GIVEN = _as_given()
 
 
 def preset(name: str) -> GemmRecipe:
-  """The preset recipe `name`, one of `NAMES` (built once); a ValueError naming the presets
-  otherwise. `lpjax.quant.recipes.get` is the resolver to call (it also takes variants)."""
+  """The preset recipe `name`, one of `NAMES` (built once), or "auto" (operands as given); a
+  ValueError naming the presets otherwise. `lpjax.quant.recipes.get` is the resolver to call (it
+  also takes variants)."""
+  if name == AUTO:
+    return _AS_GIVEN
   if name not in _BUILDERS:
     close = difflib.get_close_matches(str(name), NAMES, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"Unknown recipe {name!r}.{hint} Valid: {', '.join(NAMES)}, or a variant "
-                     "'<preset>:key=value,...' (docs/gemm.md, \"Recipe variants\").")
+    raise ValueError(f"Unknown recipe {name!r}.{hint} Valid: {', '.join(NAMES)}, 'auto' (the "
+                     "operands as given), or a variant '<preset>:key=value,...' (docs/gemm.md, "
+                     "\"Recipe variants\").")
   if name not in _CACHE:
     _CACHE[name] = _BUILDERS[name]()
   return _CACHE[name]
