@@ -244,8 +244,10 @@ def _check_names(config, problems):
         problems.append(f"quant.{field}: {e} (grammar '<preset>:key=value,...'; docs/gemm.md, "
                         "\"Recipe variants\").")
     else:
+      also = " or 'auto' (each kept GEMM as given, in the model's own dtype)," if (
+          field == "high_precision_recipe") else ""
       problems.append(f"quant.{field} {value!r} is unknown{_recipe_hint(preset)}; valid: "
-                      f"{', '.join(recipes.NAMES)} (in any case), or a variant "
+                      f"{', '.join(recipes.NAMES)} (in any case),{also} or a variant "
                       "'<preset>:key=value,...' such as 'mxfp4:block_size=16' (docs/gemm.md, "
                       "\"Recipe variants\").")
   if config.quant.residuals not in ("", "high_precision", "quantized"):

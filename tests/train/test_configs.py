@@ -288,3 +288,17 @@ def test_load_config_file_gives_the_files_config_and_names_a_bad_path(tmp_path):
   empty.write_text("X = 1\n")
   with pytest.raises(cfg_lib.ConfigError, match="defines no get_config"):
     cfg_lib.load_config_file(str(empty))
+
+
+def test_high_precision_recipe_takes_auto_and_its_error_says_so():
+  c = cfg_lib.base_config()
+  c.quant.high_precision_recipe = "auto"
+  assert validate(c, device_count=8).quant.high_precision_recipe == "auto"
+  c.quant.high_precision_recipe = "autoo"
+  with pytest.raises(ConfigError, match=r"or 'auto' \(each kept GEMM as given"):
+    validate(c, device_count=8)
+  c = cfg_lib.base_config()
+  c.quant.recipe = "autoo"  # 'auto' is for kept layers only: the recipe's message lists presets
+  with pytest.raises(ConfigError, match="quant.recipe 'autoo' is unknown") as e:
+    validate(c, device_count=8)
+  assert "'auto'" not in str(e.value)
