@@ -227,6 +227,8 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.debug = ml_collections.ConfigDict()
   c.debug.nan_at_step = -1  # inject a NaN loss at this step (tests of the non-finite path)
   c.debug.nan_only_quantized = False  # ... only while the quantized recipe runs (not in fallback)
+  # a regex of policy paths whose forward the monitor reports as failing (tests of monitor.fallback)
+  c.debug.monitor_fail_path = ""
   return c
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 
 import jax
@@ -47,6 +48,10 @@ def _finite(v):
   """A JSON number: non-finite values (not measured, or an exact product's infinite SNR) as null."""
   v = float(v)
   return v if math.isfinite(v) else None
+
+
+def _fmt(v) -> str:
+  return "null" if v is None else f"{v:.4g}"
 
 
 def row(step: int, loss: float, key, block: int, info, values) -> dict:
@@ -220,11 +225,11 @@ class Monitor:
         snr[r["path"]] = min(values + [snr.get(r["path"], math.inf)])
       if r["grad_noise_ratio"] is not None and len(r["wgrad"]) > 1:
         gnr[r["path"]] = min(r["grad_noise_ratio"], gnr.get(r["path"], math.inf))
-      for a in alerts(r, self.config):
+      for a in alerts(r, self.config) + self._planted(r):
         found.append(dict(a, path=r["path"], block=r["block"]))
         where = r["path"] + ("" if r["block"] is None else f" (block {r['block']})")
-        log.warning("step %d: monitor alert: %s %s = %.4g %s monitor.%s = %g", done, where,
-                    a["statistic"], a["value"], "<" if a["key"].startswith("min") else ">",
+        log.warning("step %d: monitor alert: %s %s = %s %s monitor.%s = %g", done, where,
+                    a["statistic"], _fmt(a["value"]), "<" if a["key"].startswith("min") else ">",
                     a["key"], a["threshold"])
     scalars = {"monitor/alerts": len(found), "monitor/site_fallbacks": len(self.switches)}
     if snr:
@@ -235,6 +240,16 @@ class Monitor:
     scalars.update({f"monitor_gnr/{p}": v for p, v in gnr.items()})
     writer.write(done, scalars)
     return found
+
+  def _planted(self, r) -> list:
+    """debug.monitor_fail_path: that path's forward fails (its fwd.out_snr_db, whatever it is)."""
+    pattern = self.trainer.config.debug.monitor_fail_path
+    if not pattern or not re.search(pattern, r["path"]) or len(r["fwd"]) < 2:
+      return []
+    return [dict(statistic="fwd.out_snr_db", value=r["fwd"]["out_snr_db"],
+                 key="min_out_snr_db (planted by debug.monitor_fail_path)",
+                 threshold=self.config.min_out_snr_db,
+                 **{"pass": "fwd"})]
 
   def _strike(self, done, sites, found):
     """Counts failing measurements in a row per (path, pass); switches those reaching
@@ -263,10 +278,10 @@ class Monitor:
     for s in new:
       gemms = "forward GEMM" if s["pass"] == "fwd" else "backward GEMMs (dgrad, wgrad)"
       log.warning("step %d: site fallback: %s's %s switch to %s from step %d after %d failing "
-                  "measurements in a row (%s = %.4g, threshold %g); every block of this policy "
+                  "measurements in a row (%s = %s, threshold %g); every block of this policy "
                   "path switches (scanned blocks share it). Switch %d of at most %d (each new "
                   "policy compiles the train step once).", done, s["path"], gemms, s["recipe"],
-                  done, m.fallback_after, s["statistic"], s["value"], s["threshold"],
+                  done, m.fallback_after, s["statistic"], _fmt(s["value"]), s["threshold"],
                   len(self.switches) + 1, m.max_fallback_sites)
       self.switches.append(s)
     if new:

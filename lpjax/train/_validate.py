@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 
 import ml_collections
 
@@ -286,6 +287,10 @@ def _check_monitor(config, problems):
     problems.append(f"monitor.max_fallback_sites must be >= 0, got {m.max_fallback_sites}.")
   if m.fallback and not m.every:
     problems.append("monitor.fallback=True needs the monitor: set monitor.every > 0 (e.g. 100).")
+  try:
+    re.compile(config.debug.monitor_fail_path)
+  except re.error as e:
+    problems.append(f"debug.monitor_fail_path {config.debug.monitor_fail_path!r} is no regex ({e}).")
   if canonical_recipe(m.fallback_recipe) is None:
     from lpjax.quant import recipes
     problems.append(f"monitor.fallback_recipe {m.fallback_recipe!r} is unknown; valid: "
