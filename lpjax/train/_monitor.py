@@ -97,6 +97,19 @@ def alerts(r: dict, m) -> list[dict]:
   return found
 
 
+def _compiled(jitted, state, batch, key):
+  """`jitted` compiled ahead of time for these arguments (so its compile time is counted); the
+  jitted function itself should a later call come with other input shardings."""
+  executable = jitted.lower(state.params, state.model_state, batch, key, state.step).compile()
+
+  def run(*args):
+    try:
+      return executable(*args)
+    except ValueError:  # input shardings differ from the compiled ones
+      return jitted(*args)
+  return run
+
+
 class Monitor:
   """The monitor of one Trainer; inert when `monitor.every` is 0."""
 
@@ -204,8 +217,7 @@ class Monitor:
       return loss, stats
 
     start = time.perf_counter()
-    fn = jax.jit(measure).lower(state.params, state.model_state, batch, key,
-                                state.step).compile() if sites else None
+    fn = _compiled(jax.jit(measure), state, batch, key) if sites else None
     seconds = time.perf_counter() - start
     self.compile_seconds += seconds
     log.info("Monitor: %d quantized GEMM sites of recipe %s; measurement compiled in %.1f s.",
