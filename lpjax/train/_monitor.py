@@ -26,76 +26,15 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lpjax.quant.monitor import observer
-from lpjax.quant.monitor.operand_numerics import STATS
 from lpjax.quant.monitor.site_stats import discover, measured_value_and_grad
 from lpjax.train import _site_fallback as fallback_lib
 from lpjax.train._metrics import truncate_after
+from lpjax.train._monitor_rows import PASS_OF, alerts, fmt_value, row
 
 FILENAME = "monitor.jsonl"
 log = logging.getLogger("lpjax.train.monitor")
-
-# (statistic, threshold key, lower is bad); operand statistics are checked on every quantized
-# operand of a pass, out_snr_db per pass, grad_noise_ratio per site (a backward statistic).
-OPERAND_CHECKS = (("saturated", "max_saturated", False), ("flushed", "max_flushed", False),
-                  ("clamped_scales", "max_clamped_scales", False))
-PASS_OF = {"fwd": "fwd", "dgrad": "bwd", "wgrad": "bwd"}
-
-
-def _finite(v):
-  """A JSON number: non-finite values (not measured, or an exact product's infinite SNR) as null."""
-  v = float(v)
-  return v if math.isfinite(v) else None
-
-
-def _fmt(v) -> str:
-  return "null" if v is None else f"{v:.4g}"
-
-
-def row(step: int, loss: float, key, block: int, info, values) -> dict:
-  """One monitor.jsonl line: the statistics of site `key` (a SiteKey) in block row `block`.
-
-  {"step", "path", "block", "call", "recipe", "loss", "grad_noise_ratio",
-   "fwd": {"out_snr_db", "x": {snr_db, rel_err, saturated, flushed, scale_min, scale_max,
-   scale_std, clamped_scales}, "w": {...}}, "dgrad": {"out_snr_db", "dy", "w"}, "wgrad": {...}};
-  an operand the recipe does not quantize is absent.
-  """
-  v = dict(zip(observer.SINK_FIELDS, np.asarray(values, np.float64).tolist()))
-  block = block if key.block == "scan" else int(key.block) if key.block else None
-  out = dict(step=int(step), path=key.path, block=block, call=key.count,
-             recipe=info.recipe, loss=_finite(loss), grad_noise_ratio=_finite(v["grad_noise_ratio"]))
-  for gemm in observer.PASSES:
-    out[gemm] = {"out_snr_db": _finite(v[f"{gemm}.out_snr_db"])}
-  for gemm, operand, _ in info.operands:
-    out[gemm][operand] = {s: _finite(v[f"{gemm}.{operand}.{s}"]) for s in STATS}
-  return out
-
-
-def alerts(r: dict, m) -> list[dict]:
-  """The thresholds of config section `m` that row `r` crosses: [{statistic, value, threshold
-  key, threshold, pass}] ("fwd" or "bwd": which GEMMs a fallback would switch)."""
-  found = []
-
-  def check(stat, value, key, low_bad):
-    limit = m[key]
-    if value is not None and (value < limit if low_bad else value > limit):
-      found.append(dict(statistic=stat, value=value, key=key, threshold=limit,
-                        **{"pass": PASS_OF[stat.split(".")[0]] if "." in stat else "bwd"}))
-
-  for gemm in observer.PASSES:
-    operands = {k: v for k, v in r[gemm].items() if k != "out_snr_db"}
-    if not operands:
-      continue  # not quantized (the statistics of a high-precision pass are no alarm)
-    check(f"{gemm}.out_snr_db", r[gemm]["out_snr_db"], "min_out_snr_db", True)
-    for operand, stats in operands.items():
-      for stat, key, low_bad in OPERAND_CHECKS:
-        check(f"{gemm}.{operand}.{stat}", stats[stat], key, low_bad)
-  if len(r["wgrad"]) > 1:
-    check("grad_noise_ratio", r["grad_noise_ratio"], "min_grad_noise_ratio", True)
-  return found
-
 
 def _compiled(jitted, state, batch, key):
   """`jitted` compiled ahead of time for these arguments (so its compile time is counted); the
@@ -241,7 +180,7 @@ class Monitor:
         found.append(dict(a, path=r["path"], block=r["block"]))
         where = r["path"] + ("" if r["block"] is None else f" (block {r['block']})")
         log.warning("step %d: monitor alert: %s %s = %s %s monitor.%s = %g", done, where,
-                    a["statistic"], _fmt(a["value"]), "<" if a["key"].startswith("min") else ">",
+                    a["statistic"], fmt_value(a["value"]), "<" if a["key"].startswith("min") else ">",
                     a["key"], a["threshold"])
     scalars = {"monitor/alerts": len(found), "monitor/site_fallbacks": len(self.switches)}
     if snr:
@@ -293,7 +232,7 @@ class Monitor:
                   "measurements in a row (%s = %s, threshold %g); every block of this policy "
                   "path switches (scanned blocks share it). Switch %d of at most %d (each new "
                   "policy compiles the train step once).", done, s["path"], gemms, s["recipe"],
-                  done, m.fallback_after, s["statistic"], _fmt(s["value"]), s["threshold"],
+                  done, m.fallback_after, s["statistic"], fmt_value(s["value"]), s["threshold"],
                   len(self.switches) + 1, m.max_fallback_sites)
       self.switches.append(s)
     if new:

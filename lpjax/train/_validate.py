@@ -290,7 +290,8 @@ def _check_monitor(config, problems):
   try:
     re.compile(config.debug.monitor_fail_path)
   except re.error as e:
-    problems.append(f"debug.monitor_fail_path {config.debug.monitor_fail_path!r} is no regex ({e}).")
+    problems.append(f"debug.monitor_fail_path {config.debug.monitor_fail_path!r} is no regex "
+                    f"({e}).")
   if canonical_recipe(m.fallback_recipe) is None:
     from lpjax.quant import recipes
     problems.append(f"monitor.fallback_recipe {m.fallback_recipe!r} is unknown; valid: "

@@ -30,7 +30,8 @@ def read(path):
 
 
 def losses(workdir):
-  return [(r["step"], r["train/loss"]) for r in read(workdir / "metrics.jsonl") if "train/loss" in r]
+  return [(r["step"], r["train/loss"]) for r in read(workdir / "metrics.jsonl")
+          if "train/loss" in r]
 
 
 def same(a, b, rtol):
