@@ -179,9 +179,9 @@ class Monitor:
       for a in alerts(r, self.config) + self._planted(r):
         found.append(dict(a, path=r["path"], block=r["block"]))
         where = r["path"] + ("" if r["block"] is None else f" (block {r['block']})")
+        side = "<" if a["key"].startswith("min") else ">"
         log.warning("step %d: monitor alert: %s %s = %s %s monitor.%s = %g", done, where,
-                    a["statistic"], fmt_value(a["value"]), "<" if a["key"].startswith("min") else ">",
-                    a["key"], a["threshold"])
+                    a["statistic"], fmt_value(a["value"]), side, a["key"], a["threshold"])
     scalars = {"monitor/alerts": len(found), "monitor/site_fallbacks": len(self.switches)}
     if snr:
       scalars["monitor/min_out_snr_db"] = min(snr.values())
@@ -232,8 +232,8 @@ class Monitor:
                   "measurements in a row (%s = %s, threshold %g); every block of this policy "
                   "path switches (scanned blocks share it). Switch %d of at most %d (each new "
                   "policy compiles the train step once).", done, s["path"], gemms, s["recipe"],
-                  done, m.fallback_after, s["statistic"], fmt_value(s["value"]), s["threshold"],
-                  len(self.switches) + 1, m.max_fallback_sites)
+                  done, m.fallback_after, s["statistic"], fmt_value(s["value"]),
+                  s["threshold"], len(self.switches) + 1, m.max_fallback_sites)
       self.switches.append(s)
     if new:
       self.trainer.precision.policy = fallback_lib.with_switches(self.base_policy, self.switches)
