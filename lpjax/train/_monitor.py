@@ -113,7 +113,8 @@ class Monitor:
     done = step + 1
     if not self.enabled or done % self.config.every:
       return
-    start = time.perf_counter()
+    jax.block_until_ready(state)  # the queued steps finish first: their time is not the monitor's
+    start, compiled_before = time.perf_counter(), self.compile_seconds
     sites, fn = self._measurement(policy, state, batch, key)
     if not sites:
       return
@@ -122,7 +123,7 @@ class Monitor:
     for site_key, info in sites.items():
       for b in range(info.rows):
         rows.append(row(done, loss, site_key, b, info, stats[site_key][b]))
-    self.measure_seconds += time.perf_counter() - start
+    self.measure_seconds += time.perf_counter() - start - (self.compile_seconds - compiled_before)
     found = self._report(done, rows, writer)
     if self.config.fallback:
       self._strike(done, sites, found)
