@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import re
+import sys
 
 import jax
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from config_helpers import small
 from lpjax import quant
+from lpjax.train._monitor_heatmap import grids, write_heatmap
 from lpjax.train._trainer import Trainer, _global_batch
 
 FACTORY = "user_models:linen_lm"  # attention (q, k, v, out) + MLP (up, down): 6 MXFP4 sites
@@ -40,6 +42,32 @@ def same(a, b, rtol):
   return abs(a - b) <= rtol * abs(b) + 1e-6
 
 
+def check_against_site_stats(trainer, rows, accum=1):
+  """The rows of step 1 equal `lpjax.quant.site_stats` called independently on step 0's params,
+  batch (its first microbatch: rows 0, k, 2k, ...) and key (the microbatch's)."""
+  state = trainer.init_state()
+  (_, local), = trainer.task.batches(0, 1, 0, 1)
+  batch = _global_batch(local, trainer.batch_sharding)
+  key = jax.random.fold_in(jax.random.key(trainer.config.seed + 1), 0)
+  micro = {k: v[::accum] for k, v in local.items()}
+  micro_key = key if accum == 1 else jax.random.fold_in(key, 0)
+  policy = trainer.precision.policy
+  target = lambda params, model_state, batch, quant_key: trainer.task.loss(
+      params, model_state, batch, quant_key, policy)[0]
+  with trainer.activation_hints():
+    table = quant.site_stats(target, state.params, state.model_state, micro, quant_key=micro_key)
+  by_site = {r["path"]: r for r in rows}
+  assert len(table.rows) == 6 * 6  # six sites x six quantized operands
+  assert rows[0]["loss"] == pytest.approx(float(table.loss), rel=1e-6)
+  for t in table.rows:
+    r = by_site[t["path"]]
+    for s in STATS:
+      assert same(r[t["gemm"]][t["operand"]][s], t[s], 1e-5), (t["path"], t["gemm"], s)
+    assert same(r[t["gemm"]]["out_snr_db"], t["out_snr_db"], 1e-5)
+    assert same(r["grad_noise_ratio"], t["grad_noise_ratio"], 1e-5)
+  return state, batch, key
+
+
 @pytest.mark.slow
 def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_path, caplog):
   caplog.set_level(logging.WARNING, logger="lpjax.train.monitor")
@@ -53,24 +81,8 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
   # the measured loss is the train step's own (same params, batch and key)
   assert rows[0]["loss"] == pytest.approx(losses(tmp_path / "on")[0][1], rel=1e-6)
 
-  # the library, called independently on step 0's params, batch and key
-  state = trainer.init_state()
-  (_, local), = trainer.task.batches(0, 1, 0, 1)
-  batch = _global_batch(local, trainer.batch_sharding)
-  key = jax.random.fold_in(jax.random.key(trainer.config.seed + 1), 0)
-  policy = trainer.precision.policy
-  target = lambda params, model_state, batch, quant_key: trainer.task.loss(
-      params, model_state, batch, quant_key, policy)[0]
-  with trainer.activation_hints():
-    table = quant.site_stats(target, state.params, state.model_state, batch, quant_key=key)
+  state, batch, key = check_against_site_stats(trainer, rows)
   by_site = {r["path"]: r for r in rows}
-  assert len(table.rows) == 6 * 6  # six sites x six quantized operands
-  for t in table.rows:
-    r = by_site[t["path"]]
-    for s in STATS:
-      assert same(r[t["gemm"]][t["operand"]][s], t[s], 1e-5), (t["path"], t["gemm"], s)
-    assert same(r[t["gemm"]]["out_snr_db"], t["out_snr_db"], 1e-5)
-    assert same(r["grad_noise_ratio"], t["grad_noise_ratio"], 1e-5)
 
   # one alert line per operand over monitor.max_flushed = 0, naming site, statistic, value, limit
   lines = [m.getMessage() for m in caplog.records if "monitor alert" in m.getMessage()]
@@ -94,6 +106,30 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
              for t in (trainer, off)]
   assert lowered[0] == lowered[1]
   assert not (tmp_path / "off" / "monitor.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_with_gradient_accumulation_the_first_microbatch_is_measured(tmp_path):
+  trainer = Trainer(cfg(grad_accum_steps=2), str(tmp_path), devices=jax.devices()[:1])
+  trainer.run()
+  check_against_site_stats(trainer, read(tmp_path / "monitor.jsonl"), accum=2)
+
+
+def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, caplog):
+  caplog.set_level(logging.INFO, logger="lpjax.train.monitor")
+  row = lambda step, snr, gnr: {"step": step, "path": "up", "block": None, "call": 0,
+                                "grad_noise_ratio": gnr, "fwd": {"out_snr_db": snr, "x": {}},
+                                "dgrad": {"out_snr_db": 40.0}, "wgrad": {"out_snr_db": None}}
+  (tmp_path / "monitor.jsonl").write_text("\n".join(json.dumps(r) for r in (
+      row(10, 15.0, 4.0), row(20, -3.0, 1.0))) + "\n")
+  labels, steps, snr, gnr = grids(read(tmp_path / "monitor.jsonl"))
+  assert labels == ["up"] and steps == [10, 20]  # dgrad is not quantized: not in the SNR
+  np.testing.assert_array_equal(snr, [[15.0, -3.0]])
+  np.testing.assert_array_equal(gnr, [[4.0, 1.0]])
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+  assert write_heatmap(str(tmp_path)) is None
+  assert not (tmp_path / "monitor_heatmap.png").exists()
+  assert any("matplotlib is not installed" in m.getMessage() for m in caplog.records)
 
 
 @pytest.mark.slow
