@@ -5,8 +5,10 @@ the monitor (which must be the same: the measurement is a separate jitted functi
 Two Trainers (monitor off / on) train the same batches from the same initial state. The steps are
 timed interleaved in rounds of `every` steps (off, then on: each "on" round holds exactly one
 measurement, with its JSON lines and scalars written), so a drift of the shared machine hits both
-alike; the overhead is the median over rounds of on / off - 1. The measurement's compile (once
-per policy) is reported apart, as the train step's compile is.
+alike; the overhead is the median over rounds of on / off - 1. On a busy machine that ratio is
+noisy, so the time of each measurement itself (synchronized: the queued steps finish first) is
+reported too, as a fraction of `every` steps. The measurement's compile (once per policy) is
+reported apart, as the train step's compile is.
 
 Run:
   python benchmarks/monitor_overhead.py                                  # 300 steps, every 100
@@ -99,6 +101,11 @@ def main(argv=None) -> int:
   print(f"| every={args.every} | {statistics.median(times['on']) * 1e3:.1f} ms | "
         f"{(statistics.median(ratios) - 1) * 100:+.2f}% (rounds: "
         f"{', '.join(f'{(r - 1) * 100:+.1f}%' for r in ratios)}) |")
+  measurements = args.steps // args.every
+  each = on.monitor.measure_seconds / max(measurements, 1)
+  print(f"one measurement: {each * 1e3:.0f} ms (synchronized, {measurements} measured) = "
+        f"{each / (args.every * statistics.median(times['off'])) * 100:.2f}% of the step time "
+        f"at every={args.every} (the rounds' ratio above includes the machine's noise)")
   print(f"train step compile: {t0.compile_seconds:.1f} s (off), "
         f"{on.compile_seconds:.1f} s (on); measurement compile: {measure_compile:.1f} s; "
         f"{on.monitor.measure_seconds:.2f} s measuring in total")
