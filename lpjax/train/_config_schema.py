@@ -190,7 +190,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   # wgrad ||dW|| / ||dW_q - dW|| below this: the FP4 gradient is mostly noise (sqrt(3), "FP4 All
   # the Way", Chmiel et al. 2025, arXiv 2505.19115)
   c.monitor.min_grad_noise_ratio = 1.732
-  # a pass's product SNR below this (dB): FP4 gives 12-16; 6 dB: an error half the signal's amplitude
+  # a pass's product SNR below this (dB): FP4 gives 12-16; 6 dB: an error of half the amplitude
   c.monitor.min_out_snr_db = 6.0
   # fraction of an operand clipped at the format's max above this (OCP floor scales clip ~1-3%)
   c.monitor.max_saturated = 0.1
