@@ -181,6 +181,28 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.quant.residuals = ""  # "" = the recipe's; "quantized": save FP4-packed operands for backward
   c.quant.gather_quantized_weights = True  # FSDP gathers weights as FP4 codes + scales (same bits)
 
+  # Per-site FP4 numerics while training (docs/numerics_monitor.md, "In training"): every
+  # `every` steps one extra jitted forward and backward pass on that step's batch measures each
+  # quantized GEMM site; the train step itself is unchanged. Thresholds: an alert (and, with
+  # fallback, a strike) when a site's statistic crosses one.
+  c.monitor = ml_collections.ConfigDict()
+  c.monitor.every = 0  # steps between measurements (0: off); writes <workdir>/monitor.jsonl
+  # wgrad ||dW|| / ||dW_q - dW|| below this: the FP4 gradient is mostly noise (sqrt(3), "FP4 All
+  # the Way", Chmiel et al. 2025, arXiv 2505.19115)
+  c.monitor.min_grad_noise_ratio = 1.732
+  # a pass's product SNR below this (dB): FP4 gives 12-16; 6 dB: an error of half the amplitude
+  c.monitor.min_out_snr_db = 6.0
+  # fraction of an operand clipped at the format's max above this (OCP floor scales clip ~1-3%)
+  c.monitor.max_saturated = 0.1
+  # fraction of an operand's non-zeros flushed to zero above this (FP4 on Gaussian data: ~10%)
+  c.monitor.max_flushed = 0.5
+  # fraction of an operand's blocks whose scale was clamped above this (should be 0)
+  c.monitor.max_clamped_scales = 0.01
+  c.monitor.fallback = False  # a site failing fallback_after measurements in a row falls back
+  c.monitor.fallback_recipe = "bf16"  # the recipe of a fallen-back pass (mxfp8: still fast)
+  c.monitor.fallback_after = 3  # consecutive failing measurements before a pass falls back
+  c.monitor.max_fallback_sites = 8  # at most this many (site, pass) switches: bounded recompiles
+
   if task == "diffusion":
     c.diffusion = ml_collections.ConfigDict()
     c.diffusion.schedule = "linear"  # noise schedule: linear (DDPM) | cosine (Nichol & Dhariwal)
@@ -205,6 +227,8 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.debug = ml_collections.ConfigDict()
   c.debug.nan_at_step = -1  # inject a NaN loss at this step (tests of the non-finite path)
   c.debug.nan_only_quantized = False  # ... only while the quantized recipe runs (not in fallback)
+  # a regex of policy paths whose forward the monitor reports as failing (tests of monitor.fallback)
+  c.debug.monitor_fail_path = ""
   return c
 
 

@@ -28,6 +28,7 @@ from lpjax.train import _preflight as preflight
 from lpjax.train import _sharding as shd
 from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
 from lpjax.train._metrics import MetricWriter, Progress
+from lpjax.train._monitor import Monitor
 from lpjax.train._optimizers import learning_rate_schedule, make_optimizer
 from lpjax.train._precision import PrecisionController
 from lpjax.train._process import StopSignals, cpu_allocator_hint, maybe_initialize_distributed
@@ -83,6 +84,7 @@ class Trainer:
                                      keep=config.keep_checkpoints)
     self.stop_signal = None  # the signal number that stopped the last run(), if any
     self.compile_seconds = 0.0  # time spent compiling train steps in this process
+    self.monitor = Monitor(self)  # config.monitor: per-site numerics, alerts, per-site fallback
 
   # --- state ----------------------------------------------------------------------------------
 
@@ -215,6 +217,7 @@ class Trainer:
       return done
     self._announce_model(state)
     self.precision.load(meta.get("precision", {}))
+    self.monitor.start(meta.get("monitor", {}), int(state.step))  # after precision: sets its policy
     rollbacks = int(meta.get("rollbacks", 0))
     writer = MetricWriter(self.workdir, enabled=self.is_main, resume_step=int(state.step))
     if self.is_main:
@@ -242,6 +245,7 @@ class Trainer:
       raise
     self.checkpointer.wait()
     self.final_state = state
+    self.monitor.finish()
     if int(state.step) < c.steps:
       self.checkpointer.close()
       writer.close()
@@ -258,7 +262,7 @@ class Trainer:
     results.update(skipped_steps=int(state.skipped), rollbacks=rollbacks,
                    wall_time_s=time.time() - start_time,
                    compile_time_s=round(self.compile_seconds, 2), task=c.task, recipe=c.quant.recipe,
-                   optimizer=c.optimizer.name, **self.task.describe())
+                   optimizer=c.optimizer.name, **self.task.describe(), **self.monitor.results())
     if self.is_main:
       results = write_results(self.workdir, results)
     return results
@@ -306,7 +310,7 @@ class Trainer:
 
   def _meta(self, units, rollbacks):
     return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks,
-            "config": self.flat_config}
+            "config": self.flat_config, "monitor": self.monitor.dump()}
 
   def _train_until(self, state, end_step, units, rollbacks, writer, signals):
     """Steps to end_step; returns (state, units, last logged loss, last eval metrics)."""
@@ -322,6 +326,7 @@ class Trainer:
     for step, local in batches:
       policy = self.precision.policy_at(step)
       batch = _global_batch(local, self.batch_sharding)
+      self.monitor.before_step(step, state, batch, key, policy, writer)  # before it donates state
       compiled_before = self.compile_seconds
       run_step = self.compiled_train_step(policy, state, batch, key)
       progress.exclude(self.compile_seconds - compiled_before)  # the ETA counts steady steps
@@ -385,6 +390,7 @@ class Trainer:
             f"checkpoint of step {step} holds non-finite values, so there is nothing good to roll "
             f"back to in {self.checkpointer.directory}. Start a new workdir.")
       self.precision.load(meta.get("precision", {}))
+      self.monitor.load(meta.get("monitor", {}))
       self.precision.force_fallback(step)
       log.warning("%d non-finite steps in a row at step %d: rolled back to the checkpoint of step "
                   "%d; the next %d steps use %s (rollback %d of at most %d).",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 
 import ml_collections
 
@@ -270,6 +271,35 @@ def _check_names(config, problems):
                     f"<= 1, got {sum(fractions.values()):g}.")
 
 
+def _check_monitor(config, problems):
+  """The monitor section: counts, thresholds and the fallback recipe."""
+  m = config.monitor
+  if m.every < 0:
+    problems.append(f"monitor.every must be >= 0 (steps between measurements; 0: off), got "
+                    f"{m.every}.")
+  for name in ("min_grad_noise_ratio", "max_flushed", "max_saturated", "max_clamped_scales"):
+    _at_least(problems, f"monitor.{name}", m[name], 0)
+  if not math.isfinite(m.min_out_snr_db):
+    problems.append(f"monitor.min_out_snr_db must be a finite number (dB), got "
+                    f"{m.min_out_snr_db!r}.")
+  if m.fallback_after < 1:
+    problems.append(f"monitor.fallback_after must be >= 1 (failing measurements in a row before a "
+                    f"pass falls back), got {m.fallback_after}.")
+  if m.max_fallback_sites < 0:
+    problems.append(f"monitor.max_fallback_sites must be >= 0, got {m.max_fallback_sites}.")
+  if m.fallback and not m.every:
+    problems.append("monitor.fallback=True needs the monitor: set monitor.every > 0 (e.g. 100).")
+  try:
+    re.compile(config.debug.monitor_fail_path)
+  except re.error as e:
+    problems.append(f"debug.monitor_fail_path {config.debug.monitor_fail_path!r} is no regex "
+                    f"({e}).")
+  if canonical_recipe(m.fallback_recipe) is None:
+    from lpjax.quant import recipes
+    problems.append(f"monitor.fallback_recipe {m.fallback_recipe!r} is unknown; valid: "
+                    f"{', '.join(recipes.NAMES)} (bf16 or mxfp8 are the useful ones).")
+
+
 def validate(config, device_count: int, process_count: int = 1):
   """Checks `config` and fills derived fields (mesh.data); raises ConfigError with every problem."""
   _check_keys(config)
@@ -278,6 +308,7 @@ def validate(config, device_count: int, process_count: int = 1):
   problems.raise_if_any()  # the value checks below rely on the types
   _check_names(config, problems)
   _check_numbers(config, problems)
+  _check_monitor(config, problems)
   heads = validate_lm(config, problems) if config.task == "lm" else validate_vision(config, problems)
   check_data_keys(config, problems)
   data = _check_mesh(config, device_count, process_count, heads, problems)
@@ -287,6 +318,7 @@ def validate(config, device_count: int, process_count: int = 1):
     config.mesh.data = data
     for field in ("recipe", "high_precision_recipe"):  # 'NVFP4' runs as 'nvfp4'
       config.quant[field] = canonical_recipe(config.quant[field])
+    config.monitor.fallback_recipe = canonical_recipe(config.monitor.fallback_recipe)
   return config
 
 

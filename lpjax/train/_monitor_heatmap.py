@@ -1,0 +1,91 @@
+"""monitor_heatmap.png: sites x steps of the monitor's SNR and gradient-noise ratio.
+
+Read from <workdir>/monitor.jsonl at the end of a run (so a resumed run's picture covers all of
+it). Top: per site and block, the lowest `out_snr_db` of its quantized passes (dB; FP4 is about
+12-16, below `monitor.min_out_snr_db` is an alert); bottom: `grad_noise_ratio` on a log scale
+(below sqrt(3) the FP4 weight gradient is mostly noise). Without matplotlib
+(requirements-plot.txt) it logs a line and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import numpy as np
+
+FILENAME = "monitor_heatmap.png"
+log = logging.getLogger("lpjax.train.monitor")
+
+
+def _read(path: str) -> list:
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return rows
+
+
+def grids(rows: list):
+  """(site labels, steps, snr grid, gnr grid): NaN where a site was not measured."""
+  labels, steps = [], sorted({r["step"] for r in rows})
+  for r in rows:
+    label = r["path"] + ("" if r.get("block") is None else f"[{r['block']}]") + (
+        f"#{r['call']}" if r.get("call") else "")
+    r["_label"] = label
+    if label not in labels:
+      labels.append(label)
+  snr = np.full((len(labels), len(steps)), np.nan)
+  gnr = np.full_like(snr, np.nan)
+  col = {s: i for i, s in enumerate(steps)}
+  line = {l: i for i, l in enumerate(labels)}
+  for r in rows:
+    i, j = line[r["_label"]], col[r["step"]]
+    values = [r[g]["out_snr_db"] for g in ("fwd", "dgrad", "wgrad")
+              if len(r.get(g, {})) > 1 and r[g]["out_snr_db"] is not None]
+    if values:
+      snr[i, j] = min(values)
+    if r.get("grad_noise_ratio") is not None:
+      gnr[i, j] = r["grad_noise_ratio"]
+  return labels, steps, snr, gnr
+
+
+def write_heatmap(workdir: str) -> str | None:
+  """Writes <workdir>/monitor_heatmap.png; returns its path (None: no data or no matplotlib)."""
+  path = os.path.join(workdir, "monitor.jsonl")
+  rows = _read(path) if os.path.exists(path) else []
+  if not rows:
+    return None
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    log.info("matplotlib is not installed, so no %s was drawn (pip install -r "
+             "requirements-plot.txt; monitor.jsonl holds the numbers).", FILENAME)
+    return None
+  labels, steps, snr, gnr = grids(rows)
+  height = 1.5 + 0.22 * len(labels)
+  fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.3 * len(steps) + 4), 2 * height))
+  panels = ((snr, "lowest out_snr_db of the quantized passes (dB)", "RdYlGn", None),
+            (np.log10(np.where(gnr > 0, gnr, np.nan)), "log10 grad_noise_ratio "
+             f"(sqrt(3): {math.log10(math.sqrt(3)):.2f})", "RdYlGn", None))
+  for ax, (grid, title, cmap, _) in zip(axes, panels):
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ticks = range(0, len(steps), max(1, len(steps) // 12))
+    ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks], fontsize=7)
+    ax.set_xlabel("step", fontsize=8)
+    fig.colorbar(image, ax=ax)
+  fig.tight_layout()
+  out = os.path.join(workdir, FILENAME)
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  log.info("Monitor heatmap (sites x steps of SNR and gradient-noise ratio): %s", out)
+  return out

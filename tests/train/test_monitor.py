@@ -1,0 +1,192 @@
+"""The trainer's monitor section (lpjax/train/_monitor.py) on a model.factory model: monitor.jsonl
+rows equal `lpjax.quant.site_stats` on the same params, batch and key; the train step's HLO is the
+same with the monitor on or off; alert lines; the heatmap; fsdp; a planted failing site falls
+back alone (bounded compiles) and a resumed run rebuilds the same policy and losses."""
+
+import json
+import logging
+import math
+import re
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from config_helpers import small
+from lpjax import quant
+from lpjax.train._monitor_heatmap import grids, write_heatmap
+from lpjax.train._trainer import Trainer, _global_batch
+
+FACTORY = "user_models:linen_lm"  # attention (q, k, v, out) + MLP (up, down): 6 MXFP4 sites
+STATS = ("snr_db", "rel_err", "saturated", "flushed", "scale_min", "scale_max", "scale_std",
+         "clamped_scales")
+
+
+def cfg(steps=1, **kw):
+  return small("mxfp4", steps=steps, **{"model.factory": FACTORY, "monitor.every": 1, **kw})
+
+
+def read(path):
+  return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def losses(workdir):
+  return [(r["step"], r["train/loss"]) for r in read(workdir / "metrics.jsonl")
+          if "train/loss" in r]
+
+
+def same(a, b, rtol):
+  if a is None or b is None or not math.isfinite(b):
+    return (a is None) == (b is None or not math.isfinite(b))
+  return abs(a - b) <= rtol * abs(b) + 1e-6
+
+
+def check_against_site_stats(trainer, rows, accum=1):
+  """The rows of step 1 equal `lpjax.quant.site_stats` called independently on step 0's params,
+  batch (its first microbatch: rows 0, k, 2k, ...) and key (the microbatch's)."""
+  state = trainer.init_state()
+  (_, local), = trainer.task.batches(0, 1, 0, 1)
+  batch = _global_batch(local, trainer.batch_sharding)
+  key = jax.random.fold_in(jax.random.key(trainer.config.seed + 1), 0)
+  micro = {k: v[::accum] for k, v in local.items()}
+  micro_key = key if accum == 1 else jax.random.fold_in(key, 0)
+  policy = trainer.precision.policy
+  target = lambda params, model_state, batch, quant_key: trainer.task.loss(
+      params, model_state, batch, quant_key, policy)[0]
+  with trainer.activation_hints():
+    table = quant.site_stats(target, state.params, state.model_state, micro, quant_key=micro_key)
+  by_site = {r["path"]: r for r in rows}
+  assert len(table.rows) == 6 * 6  # six sites x six quantized operands
+  assert rows[0]["loss"] == pytest.approx(float(table.loss), rel=1e-6)
+  for t in table.rows:
+    r = by_site[t["path"]]
+    for s in STATS:
+      assert same(r[t["gemm"]][t["operand"]][s], t[s], 1e-5), (t["path"], t["gemm"], s)
+    assert same(r[t["gemm"]]["out_snr_db"], t["out_snr_db"], 1e-5)
+    assert same(r["grad_noise_ratio"], t["grad_noise_ratio"], 1e-5)
+  return state, batch, key
+
+
+@pytest.mark.slow
+def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_path, caplog):
+  caplog.set_level(logging.WARNING, logger="lpjax.train.monitor")
+  one = jax.devices()[:1]
+  trainer = Trainer(cfg(**{"monitor.max_flushed": 0.0}), str(tmp_path / "on"), devices=one)
+  trainer.run()
+  rows = read(tmp_path / "on" / "monitor.jsonl")
+  assert {r["path"] for r in rows} == {"attn/query", "attn/key", "attn/value", "attn/out", "up",
+                                       "down"}
+  assert all(r["step"] == 1 and r["recipe"] == "mxfp4" for r in rows)
+  # the measured loss is the train step's own (same params, batch and key)
+  assert rows[0]["loss"] == pytest.approx(losses(tmp_path / "on")[0][1], rel=1e-6)
+
+  state, batch, key = check_against_site_stats(trainer, rows)
+  by_site = {r["path"]: r for r in rows}
+
+  # one alert line per operand over monitor.max_flushed = 0, naming site, statistic, value, limit
+  lines = [m.getMessage() for m in caplog.records if "monitor alert" in m.getMessage()]
+  expected = [(r["path"], f"{g}.{o}.flushed", v[o]["flushed"]) for r in rows
+              for g, v in ((g, r[g]) for g in ("fwd", "dgrad", "wgrad")) for o in v
+              if o != "out_snr_db" and v[o]["flushed"] > 0]
+  assert len(lines) == len(expected) > 0
+  for path, stat, value in expected:
+    assert any(f"{path} {stat} = {value:.4g} > monitor.max_flushed = 0" in l for l in lines)
+
+  metrics = [r for r in read(tmp_path / "on" / "metrics.jsonl") if "monitor/alerts" in r]
+  assert metrics[0]["monitor/alerts"] == len(expected)
+  assert metrics[0]["monitor_snr/up"] == min(by_site["up"][g]["out_snr_db"]
+                                             for g in ("fwd", "dgrad", "wgrad"))
+  assert metrics[0]["monitor_gnr/up"] == by_site["up"]["grad_noise_ratio"]
+  assert (tmp_path / "on" / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+  # the train step is today's: the same HLO with the monitor off
+  off = Trainer(cfg(**{"monitor.every": 0}), str(tmp_path / "off"), devices=one)
+  lowered = [t.train_step(off.precision.policy).lower(state, batch, key).as_text()
+             for t in (trainer, off)]
+  assert lowered[0] == lowered[1]
+  assert not (tmp_path / "off" / "monitor.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_with_gradient_accumulation_the_first_microbatch_is_measured(tmp_path):
+  trainer = Trainer(cfg(grad_accum_steps=2), str(tmp_path), devices=jax.devices()[:1])
+  trainer.run()
+  check_against_site_stats(trainer, read(tmp_path / "monitor.jsonl"), accum=2)
+
+
+def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, caplog):
+  caplog.set_level(logging.INFO, logger="lpjax.train.monitor")
+  row = lambda step, snr, gnr: {"step": step, "path": "up", "block": None, "call": 0,
+                                "grad_noise_ratio": gnr, "fwd": {"out_snr_db": snr, "x": {}},
+                                "dgrad": {"out_snr_db": 40.0}, "wgrad": {"out_snr_db": None}}
+  (tmp_path / "monitor.jsonl").write_text("\n".join(json.dumps(r) for r in (
+      row(10, 15.0, 4.0), row(20, -3.0, 1.0))) + "\n")
+  labels, steps, snr, gnr = grids(read(tmp_path / "monitor.jsonl"))
+  assert labels == ["up"] and steps == [10, 20]  # dgrad is not quantized: not in the SNR
+  np.testing.assert_array_equal(snr, [[15.0, -3.0]])
+  np.testing.assert_array_equal(gnr, [[4.0, 1.0]])
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+  assert write_heatmap(str(tmp_path)) is None
+  assert not (tmp_path / "monitor_heatmap.png").exists()
+  assert any("matplotlib is not installed" in m.getMessage() for m in caplog.records)
+
+
+@pytest.mark.slow
+def test_fsdp_rows_match_one_device(tmp_path):
+  one = Trainer(cfg(**{"mesh.data": 1}), str(tmp_path / "one"), devices=jax.devices()[:1])
+  one.run()
+  eight = Trainer(cfg(**{"mesh.data": 1, "mesh.fsdp": 8}), str(tmp_path / "eight"))
+  eight.run()
+  up = eight.final_state.params["up"]["kernel"]
+  assert "fsdp" in str(up.sharding.spec) and len(up.sharding.device_set) == 8
+  a, b = read(tmp_path / "one" / "monitor.jsonl"), read(tmp_path / "eight" / "monitor.jsonl")
+  assert [r["path"] for r in a] == [r["path"] for r in b]
+  for ra, rb in zip(a, b):  # sharding changes summation orders only
+    for g in ("fwd", "dgrad", "wgrad"):
+      assert same(rb[g]["out_snr_db"], ra[g]["out_snr_db"], 1e-3), (ra["path"], g)
+    assert same(rb["grad_noise_ratio"], ra["grad_noise_ratio"], 1e-3)
+
+
+FALLBACK = {"monitor.fallback": True, "monitor.fallback_after": 2,
+            "debug.monitor_fail_path": "^up$", "checkpoint_every": 0}
+
+
+@pytest.mark.slow
+def test_a_planted_failing_site_falls_back_alone_and_resumes_identically(tmp_path, caplog):
+  caplog.set_level(logging.WARNING, logger="lpjax.train.monitor")
+  one = jax.devices()[:1]
+  full = Trainer(cfg(steps=4, **FALLBACK), str(tmp_path / "full"), devices=one)
+  results = full.run()
+  switch, = results["site_fallbacks"]
+  assert (switch["path"], switch["pass"], switch["step"], switch["recipe"]) == ("up", "fwd", 2,
+                                                                                 "bf16")
+  assert json.loads((tmp_path / "full" / "results.json").read_text())["site_fallbacks"] == [switch]
+  assert sum("site fallback: up's forward GEMM switch to bf16" in m.getMessage()
+             for m in caplog.records) == 1
+  rows = read(tmp_path / "full" / "monitor.jsonl")
+  for r in rows:
+    switched = r["path"] == "up" and r["step"] > 2
+    assert r["recipe"] == ("mxfp4+fwd:bf16" if switched else "mxfp4"), r
+    assert ("x" in r["fwd"]) == (not switched)  # a bf16 forward quantizes nothing
+    assert "dy" in r["dgrad"] and "dy" in r["wgrad"]  # its backward stays MXFP4
+  assert len(full._runners) == 2 and len(full.monitor._cache) == 2  # one recompile each
+
+  split = tmp_path / "split"
+  first = Trainer(cfg(steps=4, **FALLBACK), str(split), devices=one)
+  assert first.run(stop_after=3)["stopped"]
+  with open(split / "monitor.jsonl", "a") as f:  # as if a killed run had measured step 4
+    f.write(json.dumps({"step": 4, "path": "stale"}) + "\n" + '{"step": 4, "pa')
+  second = Trainer(cfg(steps=4, **FALLBACK), str(split), devices=one)
+  assert second.precision.policy.rules == ()
+  resumed = second.run()
+  assert resumed["site_fallbacks"] == results["site_fallbacks"]
+  assert second.precision.policy == full.precision.policy
+  assert losses(split) == losses(tmp_path / "full")
+  assert read(split / "monitor.jsonl") == rows
+  for a, b in zip(jax.tree.leaves(full.final_state.params),
+                  jax.tree.leaves(second.final_state.params)):
+    assert np.array_equal(a, b)
+  # the resumed run compiled the switched policy only
+  assert len(second._runners) == 1 and re.search("fwd:bf16", str(
+      second.precision.policy.rules))
