@@ -26,6 +26,7 @@ import functools
 import inspect
 import os
 import re
+import shlex
 
 import ml_collections
 
@@ -242,6 +243,13 @@ def remove_if_empty(workdir: str, ignore=(".lock",)) -> bool:
 _FULL_PRECISION = ("bf16", "fp32")
 
 
+def _shell_quoted(flag: str) -> str:
+  """"--name=value" with the value quoted for a shell when it needs it (quant.rules holds ';',
+  '$' and '>'): "--config.quant.rules='^lm_head$->bf16'"."""
+  name, eq, value = flag.partition("=")
+  return f"{name}={shlex.quote(value)}" if eq else flag
+
+
 def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
                   python: str = "python") -> list[tuple[str, str]]:
   """(command, what it does) pairs that train.py's summary suggests after a run: plot it, train
@@ -268,8 +276,8 @@ def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
   tokens = stem.split("_")
   swap = [i for i, t in enumerate(tokens) if t.lower() in (recipe.split(":")[0].lower(),
                                                             *_FULL_PRECISION, "mxfp4", "nvfp4")]
-  flags = [o for o in overrides if not o.startswith(("--config.quant.recipe",
-                                                      "--config.quant.high_precision_recipe"))]
+  flags = [_shell_quoted(o) for o in overrides
+           if not o.startswith(("--config.quant.recipe", "--config.quant.high_precision_recipe"))]
   sibling = None
   if swap:
     tokens[swap[-1]] = other
