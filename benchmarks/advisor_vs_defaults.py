@@ -7,6 +7,8 @@ At the same high-precision FLOP budget as the default keep list, the final eval 
   the run's fresh initialisation (same seed): every GEMM site is a candidate (quant.policy=pure),
   the most sensitive ones are kept in bf16 within the FLOP fraction that the default list keeps;
   the advised config lines are then trained;
+- `advised_ckpt` (optional): the same, measured on the default arm's final checkpoint (a pilot run
+  of the default policy; sensitivities of trained weights, not of the initialisation);
 - `pure`: the advisor at budget 0, i.e. nothing kept: quant.policy=pure, every GEMM (LM head and
   attention products included) and the embedding table in the recipe.
 Each arm trains configs/llama_tiny_mxfp4.py (its data, optimizer and schedule) with
@@ -16,6 +18,7 @@ rerun; an interrupted run resumes from its checkpoint (train.py does that itself
 each (recipe, seed) is kept in `<root>/<recipe>/advice/seed<seed>.txt` (+ .md: the ranking).
 
     python benchmarks/advisor_vs_defaults.py --steps=1000 --seeds=0,1,2 --recipes=mxfp4,quartet
+    python benchmarks/advisor_vs_defaults.py --arms=default,advised_ckpt   # advice from a pilot run
     python benchmarks/advisor_vs_defaults.py --steps=300 --seeds=0,1,2 --recipes=mxfp4 \\
         --arms=default,advised          # a subset (the config's own 300 steps)
     python benchmarks/advisor_vs_defaults.py --report_only   # the table of what has finished
@@ -37,7 +40,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")
-ARMS = ("default", "advised", "pure")
+ARMS = ("default", "advised", "pure", "advised_ckpt")
 
 
 def _run(cmd, log_path):
@@ -56,14 +59,20 @@ def _common(recipe, seed, steps):
           f"--config.steps={steps}"]
 
 
-def advice_lines(args, recipe, seed) -> list[str]:
-  """The advised config lines of (recipe, seed), measured once and kept."""
-  folder = os.path.join(args.root, recipe, "advice")
+def advice_lines(args, recipe, seed, from_run: bool = False) -> list[str]:
+  """The advised config lines of (recipe, seed), measured once and kept: on the fresh
+  initialisation, or (`from_run`) on the default arm's final checkpoint (a pilot run)."""
+  folder = os.path.join(args.root, recipe, "advice_ckpt" if from_run else "advice")
   os.makedirs(folder, exist_ok=True)
   out = os.path.join(folder, f"seed{seed}.txt")
   if not os.path.exists(out):
     md = os.path.join(folder, f"seed{seed}.md")
-    cmd = [sys.executable, "-m", "lpjax.advise", *_common(recipe, seed, args.steps),
+    pilot = []
+    if from_run:
+      if train(args, recipe, "default", seed) is None:
+        raise RuntimeError(f"advised_ckpt needs the default arm of {recipe} seed {seed} first.")
+      pilot = [f"--workdir={os.path.join(args.root, recipe, 'default', f'seed{seed}')}"]
+    cmd = [sys.executable, "-m", "lpjax.advise", *_common(recipe, seed, args.steps), *pilot,
            "--budget=default", f"--batches={args.batches}", f"--out={out}"]
     print(f"$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
@@ -83,7 +92,7 @@ def arm_flags(args, recipe, arm, seed) -> list[str]:
     return []
   if arm == "pure":
     return ["--config.quant.policy=pure"]
-  return advice_lines(args, recipe, seed)
+  return advice_lines(args, recipe, seed, from_run=arm == "advised_ckpt")
 
 
 def results_of(workdir, steps):
@@ -110,17 +119,18 @@ def train(args, recipe, arm, seed):
 
 def kept_fraction(args, recipe, arm, seed):
   """The fraction of GEMM FLOPs in high precision, from the advice's printout."""
-  md = os.path.join(args.root, recipe, "advice", f"seed{seed}.md")
+  md = os.path.join(args.root, recipe, "advice_ckpt" if arm == "advised_ckpt" else "advice",
+                    f"seed{seed}.md")
   if not os.path.exists(md):
     return None
   text = open(md).read()
   if arm == "pure":
     return 0.0
-  key = "budget " if arm == "default" else "Kept in high precision: "
+  key = "budget " if arm == "default" else "Kept in high precision: "  # (advice printout)
   for line in text.splitlines():
     if line.startswith("Measured") and arm == "default":
       return float(line.split(key)[1].split()[0])
-    if line.startswith(key) and arm == "advised":
+    if line.startswith(key) and arm.startswith("advised"):
       return float(line.rsplit("(", 1)[1].split()[0])
   return None
 
@@ -140,15 +150,16 @@ def table(args, results) -> str:
       fracs = [f for f in fracs if f is not None]
       frac = f"{statistics.mean(fracs):.3f}" if fracs else "-"
       kept = "embed, lm_head, attn products" if arm == "default" else "nothing" if arm == "pure" \
-          else _kept_sites(args, recipe)
+          else _kept_sites(args, recipe, arm)
       lines.append(f"| {recipe} | {arm} | {args.steps} | {mean} | {per} | {frac} | {kept} |")
   return "\n".join(lines)
 
 
-def _kept_sites(args, recipe):
+def _kept_sites(args, recipe, arm):
   out = []
+  folder = "advice_ckpt" if arm == "advised_ckpt" else "advice"
   for s in args.seeds:
-    path = os.path.join(args.root, recipe, "advice", f"seed{s}.txt")
+    path = os.path.join(args.root, recipe, folder, f"seed{s}.txt")
     if os.path.exists(path):
       rules = open(path).read().split("--config.quant.rules=")[-1].strip()
       out.append(f"s{s}: {rules.replace('->bf16', '').replace('|', '/') or 'nothing'}")
@@ -160,7 +171,7 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=1000)
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--recipes", default="mxfp4,quartet")
-  p.add_argument("--arms", default=",".join(ARMS))
+  p.add_argument("--arms", default="default,advised,pure")
   p.add_argument("--batches", type=int, default=2, help="batches the advisor measures on")
   p.add_argument("--root", default=os.path.join(ROOT, "runs", "advisor_vs_defaults"))
   p.add_argument("--report_only", action="store_true", help="print the table of finished runs")

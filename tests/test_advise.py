@@ -4,6 +4,7 @@ flags."""
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -70,14 +71,7 @@ def test_the_lines_parse_back_and_build_the_advised_policy(run):
   policy = build_policy(validate(config, device_count=1))
   assert policy.rules == advised.advice.policy.rules
   assert policy.pure and advised.advice.policy.pure
-  assert policy == dataclasses_replace_num_blocks(advised.advice.policy)
-
-
-def dataclasses_replace_num_blocks(policy):
-  """The advice's policy as the run builds it (before a model completes it with its blocks)."""
-  import dataclasses
-
-  return dataclasses.replace(policy, num_blocks=None)
+  assert policy == advised.advice.policy  # every field: the run's policy, pure, with the rules
 
 
 @pytest.mark.slow  # one measurement of LLaMA-tiny (~50 s on 2 CPU cores), shared
@@ -88,8 +82,8 @@ def test_train_py_accepts_the_lines(run):
                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
   assert proc.returncode == 0, proc.stderr
   rules = advised.lines[-1].partition("=")[2]
-  assert f"rules = {rules!r}" in proc.stdout or rules in proc.stdout
-  assert "policy = 'pure'" in proc.stdout or "'pure'" in proc.stdout
+  assert re.search(r"rules\W+" + re.escape(rules), proc.stdout), proc.stdout
+  assert re.search(r"policy\W+pure", proc.stdout), proc.stdout
 
 
 def test_int_budget_keeps_the_run_policy_and_writes_no_pure():
@@ -119,5 +113,4 @@ def test_bad_flags_are_one_clear_error(argv, match, capsys):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ")
-  import re
   assert re.search(match, err), err
