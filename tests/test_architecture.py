@@ -108,7 +108,7 @@ def _lpjax_edges(path: pathlib.Path) -> set[str]:
 
 def _rank(module: str) -> tuple[int, int] | None:
   """(package layer, quant layer) of a module; None for lpjax itself and its top-level modules
-  (lpjax/export.py, lpjax/plot.py: the top, like lpjax/__init__.py)."""
+  (lpjax/export.py, lpjax/plot.py, lpjax/advise.py: the top, like lpjax/__init__.py)."""
   parts = module.split(".")
   if len(parts) == 1 or parts[1] not in PACKAGES:
     return None

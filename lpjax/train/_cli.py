@@ -27,6 +27,7 @@ import importlib.util
 import inspect
 import os
 import re
+import shlex
 
 import ml_collections
 
@@ -244,6 +245,13 @@ _FULL_PRECISION = ("bf16", "fp32")
 PLOT_REQUIREMENTS = "requirements-plot.txt"  # matplotlib, pinned (make plot installs it)
 
 
+def _shell_quoted(flag: str) -> str:
+  """"--name=value" with the value quoted for a shell when it needs it (quant.rules holds ';',
+  '$' and '>'): "--config.quant.rules='^lm_head$->bf16'"."""
+  name, eq, value = flag.partition("=")
+  return f"{name}={shlex.quote(value)}" if eq else flag
+
+
 def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
                   python: str = "python", *,
                   have_matplotlib: bool | None = None) -> list[tuple[str, str]]:
@@ -279,8 +287,8 @@ def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
   tokens = stem.split("_")
   swap = [i for i, t in enumerate(tokens) if t.lower() in (recipe.split(":")[0].lower(),
                                                             *_FULL_PRECISION, "mxfp4", "nvfp4")]
-  flags = [o for o in overrides if not o.startswith(("--config.quant.recipe",
-                                                      "--config.quant.high_precision_recipe"))]
+  flags = [_shell_quoted(o) for o in overrides
+           if not o.startswith(("--config.quant.recipe", "--config.quant.high_precision_recipe"))]
   sibling = None
   if swap:
     tokens[swap[-1]] = other

@@ -171,6 +171,7 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
   c.quant.keep_first = 0  # first N blocks stay high precision
   c.quant.keep_last = 0  # last N blocks stay high precision
   c.quant.keep_last_fraction = 0.0  # or the last fraction of blocks (NVIDIA NVFP4 recipe: 0.15)
+  c.quant.rules = ""  # per-path recipes "REGEX->RECIPE;...", first match wins, after the keeps
   c.quant.warmup_fraction = 0.0  # high precision for the first fraction of steps
   c.quant.finish_fraction = 0.0  # high precision for the last fraction of steps
   c.quant.qaf_fraction = 0.0  # before the finish: FP4 forward, high-precision backward ("QAF")

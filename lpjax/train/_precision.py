@@ -167,12 +167,15 @@ class PrecisionSchedule:
 
 
 def build_policy(config) -> QuantPolicy:
-  """The run's QuantPolicy from `config.quant.*` (the only reader of those keys' recipes)."""
+  """The run's QuantPolicy from `config.quant.*` (the only reader of those keys' recipes);
+  `quant.rules` ("REGEX->RECIPE;...", lpjax/train/_quant_rules.py) become its `rules`, in order."""
+  from lpjax.train._quant_rules import parse_rules
+
   q = config.quant
   return QuantPolicy.from_settings(q.recipe, high_precision=q.high_precision_recipe,
                                    pure=q.policy == "pure", keep_first=q.keep_first,
                                    keep_last=q.keep_last, keep_last_fraction=q.keep_last_fraction,
-                                   residuals=q.residuals)
+                                   residuals=q.residuals, rules=parse_rules(q.get("rules", "")))
 
 
 class PrecisionController:

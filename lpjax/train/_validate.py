@@ -30,6 +30,7 @@ import ml_collections
 from lpjax.train._config_schema import (GRAD_ACCUM_DTYPES, OPTIMIZERS, PARAM_ROUNDINGS,
                                         RESUME_CHOICES, STATE_DTYPES, TASKS, ConfigError,
                                         base_config, flat_keys, task_keys, tasks_of)
+from lpjax.train._quant_rules import format_rules, rule_problems
 # the model and data checks, and parse_schedule (re-exported: lpjax.train.config imports it here)
 from lpjax.train._validate_model_data import (check_data_keys, parse_schedule, validate_lm,
                                               validate_vision)
@@ -251,6 +252,7 @@ def _check_names(config, problems):
                       f"{', '.join(recipes.NAMES)} (in any case),{also} or a variant "
                       "'<preset>:key=value,...' such as 'mxfp4:block_size=16' (docs/gemm.md, "
                       "\"Recipe variants\").")
+  problems.extend(rule_problems(config.quant.rules, canonical_recipe)[0])
   if config.quant.residuals not in ("", "high_precision", "quantized"):
     problems.append("quant.residuals must be '', 'high_precision' or 'quantized'.")
   if config.quant.policy not in ("default", "pure"):
@@ -319,6 +321,7 @@ def validate(config, device_count: int, process_count: int = 1):
     for field in ("recipe", "high_precision_recipe"):  # 'NVFP4' runs as 'nvfp4'
       config.quant[field] = canonical_recipe(config.quant[field])
     config.monitor.fallback_recipe = canonical_recipe(config.monitor.fallback_recipe)
+    config.quant.rules = format_rules(rule_problems(config.quant.rules, canonical_recipe)[1])
   return config
 
 

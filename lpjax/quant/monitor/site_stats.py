@@ -35,12 +35,16 @@ def resolve(target: Callable, policy=None):
   """(the callable to measure, its QuantPolicy or None) for `site_stats`'s `target` / `policy`.
 
   A function made by `quantized` runs with `policy` in place of its own when one is given; the
-  `apply` of a linen model made by `quantize_model` likewise; any other callable is measured as it
-  is when `policy` is None (its GEMMs must go through an interception inside it), else through
-  `quantized(target, policy)`.
+  `apply` of a linen model made by `quantize_model` likewise; a function marked
+  `fn.lpjax_runs_policy = True` is measured as it is: it runs its GEMMs under `policy` itself
+  (lpjax's own layers, or a model it intercepts, built with that policy: a trainer's loss, see
+  `python -m lpjax.advise`); any other callable is measured as it is when `policy` is None (its
+  GEMMs must go through an interception inside it), else through `quantized(target, policy)`.
   """
   own = getattr(target, "lpjax_policy", None)
   model = getattr(target, "__self__", None)
+  if getattr(target, "lpjax_runs_policy", False):  # it quantizes with `policy` itself
+    return target, (as_policy(policy) if policy is not None else None)
   if own is not None:
     if policy is None:
       return target, own

@@ -1,0 +1,45 @@
+"""benchmarks/advisor_vs_defaults.py: the run grid's commands and its table (no training)."""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import advisor_vs_defaults as bench  # noqa: E402
+
+
+def _args(tmp_path, **kw):
+  a = dict(steps=300, seeds=[0, 1, 2], recipes=["mxfp4"], arms=["default", "advised", "pure"], batches=2,
+           root=str(tmp_path), report_only=True)
+  a.update(kw)
+  return argparse.Namespace(**a)
+
+
+def test_arms_flags_and_the_table(tmp_path):
+  args = _args(tmp_path)
+  advice = tmp_path / "mxfp4" / "advice"
+  advice.mkdir(parents=True)
+  for s in (0, 1, 2):
+    (advice / f"seed{s}.txt").write_text("--config.quant.policy=pure\n"
+                                         "--config.quant.rules=^layers/attn/v_proj$->bf16\n")
+    (advice / f"seed{s}.md").write_text(
+        "Measured 2 batch(es) at the fresh init (seed 0); budget 0.1700 of the GEMM FLOPs "
+        "(the default keep list's).\n\nKept in high precision: layers/attn/v_proj (0.0800 of "
+        "the GEMM FLOPs).\n")
+  assert bench.arm_flags(args, "mxfp4", "default", 0) == []
+  assert bench.arm_flags(args, "mxfp4", "pure", 0) == ["--config.quant.policy=pure"]
+  assert bench.arm_flags(args, "mxfp4", "advised", 1) == [
+      "--config.quant.policy=pure", "--config.quant.rules=^layers/attn/v_proj$->bf16"]
+  losses = {"default": [2.30, 2.34, 2.32], "advised": [2.28, 2.31, 2.29], "pure": [2.5, None, 2.6]}
+  results = {("mxfp4", arm, s): v for arm, vals in losses.items() for s, v in enumerate(vals)}
+  text = bench.table(args, results)
+  rows = {line.split(" | ")[1]: line for line in text.splitlines()[2:]}
+  for arm in ("default", "advised"):
+    v = np.array(losses[arm])
+    assert f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" in rows[arm]
+  assert "s1: -" in rows["pure"] and "2.5500 ± 0.0707" in rows["pure"]
+  assert "| 0.170 |" in rows["default"] and "| 0.080 |" in rows["advised"]
+  assert "| 0.000 |" in rows["pure"]
+  assert bench.train(args, "mxfp4", "default", 0) is None  # report_only: nothing runs
