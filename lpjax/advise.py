@@ -21,11 +21,13 @@ all). The advice is `quant.rules` (one "^<path>$->high_precision_recipe" rule pe
 of the run's own rules; lpjax/train/_quant_rules.py has the grammar).
 
 Examples:
-  python -m lpjax.advise --config=configs/llama_tiny_mxfp4.py --budget=default --batches=2 \\
-      --out=runs/advice.txt
-  python train.py --config=configs/llama_tiny_mxfp4.py $(cat runs/advice.txt) --workdir=runs/advised
   python -m lpjax.advise --config=configs/llama_tiny_mxfp4.py --workdir=runs/llama_tiny_mxfp4 \\
-      --budget=2 --config.quant.policy=pure
+      --budget=default --batches=2 --out=runs/advice.txt   # from the run's newest checkpoint
+  python train.py --config=configs/llama_tiny_mxfp4.py $(cat runs/advice.txt) --workdir=runs/advised
+  python -m lpjax.advise --config=configs/llama_tiny_mxfp4.py --budget=2 \\
+      --config.quant.policy=pure                            # a fresh initialisation
+Measure a trained checkpoint: at initialisation the LM head and the attention products look
+harmless (docs/numerics_monitor.md, "Advisor vs the default keep list").
 """
 
 from __future__ import annotations
