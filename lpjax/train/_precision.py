@@ -191,6 +191,14 @@ class PrecisionController:
         fallback_factor=q.fallback_factor if q.fallback_factor > 0 else None,
         fallback_steps=q.fallback_steps)
     self.state = self.schedule.init()
+    if config.task == "lm" and self.policy.pure and not self.policy.recipe_for(
+        "layers/attn/attn_values").is_high_precision:
+      log.warning(
+          "quant.policy='pure' quantizes the attention products: a Hadamard transform or block "
+          "scales along the key axis can let later tokens change earlier positions' outputs, and a "
+          "model can learn to read them (tests/models/test_llama_causality.py). Compare the eval "
+          "loss with quantization off (eval/loss_fp); the default policy keeps these products "
+          "in high precision.")
 
   def policy_at(self, step: int) -> QuantPolicy:
     recipe, self.state = self.schedule.recipe_at(self.state, step)

@@ -97,3 +97,14 @@ def test_qaf_phase_before_the_finish_quantizes_the_forward_only():
   assert r.dgrad.operands() == (None, None) and r.wgrad.operands() == (None, None)
   # keep_last_fraction 0.5 of 4 blocks: the last two stay bf16 in both phases.
   assert qaf.for_model(num_blocks=4).recipe_for("layers/2/mlp/up").name == "bf16"
+
+
+def test_a_pure_lm_policy_warns_that_quantized_attention_products_can_leak_later_tokens(caplog):
+  c = llama_config("tiny", recipe="quartet")
+  with caplog.at_level(logging.WARNING, logger="lpjax.train.precision"):
+    PrecisionController(c)
+  assert not caplog.records  # the default policy keeps the attention products in high precision
+  c.quant.policy = "pure"
+  with caplog.at_level(logging.WARNING, logger="lpjax.train.precision"):
+    PrecisionController(c)
+  assert "later tokens" in caplog.text and "eval/loss_fp" in caplog.text
