@@ -82,7 +82,8 @@ class Monitor:
     self._file.close()
     self._file = None
     from lpjax.train._monitor_heatmap import write_heatmap
-    write_heatmap(self.trainer.workdir)
+    write_heatmap(self.trainer.workdir, min_out_snr_db=self.config.min_out_snr_db,
+                  min_grad_noise_ratio=self.config.min_grad_noise_ratio)
 
   def dump(self) -> dict:
     """The host state a resumed run needs (saved in the checkpoint's meta)."""

@@ -3,8 +3,9 @@
 Read from <workdir>/monitor.jsonl at the end of a run (so a resumed run's picture covers all of
 it). Top: per site and block, the lowest `out_snr_db` of its quantized passes (dB; FP4 is about
 12-16, below `monitor.min_out_snr_db` is an alert); bottom: `grad_noise_ratio` on a log scale
-(below sqrt(3) the FP4 weight gradient is mostly noise). Without matplotlib
-(requirements-plot.txt) it logs a line and writes nothing.
+(below sqrt(3) the FP4 weight gradient is mostly noise). Each panel's colours turn at its alert
+threshold: red below it, yellow at it, green above, so a healthy run is green whatever its range.
+Without matplotlib (requirements-plot.txt) it logs a line and writes nothing.
 """
 
 from __future__ import annotations
@@ -55,8 +56,24 @@ def grids(rows: list):
   return labels, steps, snr, gnr
 
 
-def write_heatmap(workdir: str) -> str | None:
-  """Writes <workdir>/monitor_heatmap.png; returns its path (None: no data or no matplotlib)."""
+def threshold_limits(grid, threshold: float) -> tuple[float, float, float]:
+  """(vmin, vcenter, vmax) of a panel whose colours turn at `threshold`: the data's range,
+  widened to at least one unit either side of the threshold.
+
+  Examples:
+    >>> threshold_limits(np.array([[12.0, 14.5], [np.nan, 13.0]]), 6.0)
+    (5.0, 6.0, 14.5)
+  """
+  finite = grid[np.isfinite(grid)]
+  low = float(finite.min()) if finite.size else threshold
+  high = float(finite.max()) if finite.size else threshold
+  return min(low, threshold - 1.0), threshold, max(high, threshold + 1.0)
+
+
+def write_heatmap(workdir: str, *, min_out_snr_db: float = 6.0,
+                  min_grad_noise_ratio: float = math.sqrt(3.0)) -> str | None:
+  """Writes <workdir>/monitor_heatmap.png; returns its path (None: no data or no matplotlib).
+  The thresholds (the monitor's config keys) are where each panel's colours turn."""
   path = os.path.join(workdir, "monitor.jsonl")
   rows = _read(path) if os.path.exists(path) else []
   if not rows:
@@ -72,11 +89,17 @@ def write_heatmap(workdir: str) -> str | None:
   labels, steps, snr, gnr = grids(rows)
   height = 1.5 + 0.22 * len(labels)
   fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.3 * len(steps) + 4), 2 * height))
-  panels = ((snr, "lowest out_snr_db of the quantized passes (dB)", "RdYlGn", None),
-            (np.log10(np.where(gnr > 0, gnr, np.nan)), "log10 grad_noise_ratio "
-             f"(sqrt(3): {math.log10(math.sqrt(3)):.2f})", "RdYlGn", None))
-  for ax, (grid, title, cmap, _) in zip(axes, panels):
-    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, interpolation="nearest")
+  from matplotlib.colors import TwoSlopeNorm
+
+  gnr_threshold = math.log10(min_grad_noise_ratio)
+  panels = ((snr, f"lowest out_snr_db of the quantized passes (dB; alert below "
+             f"{min_out_snr_db:g})", min_out_snr_db),
+            (np.log10(np.where(gnr > 0, gnr, np.nan)), "log10 grad_noise_ratio (alert below "
+             f"{gnr_threshold:.2f} = log10 {min_grad_noise_ratio:.3g})", gnr_threshold))
+  for ax, (grid, title, threshold) in zip(axes, panels):
+    vmin, vcenter, vmax = threshold_limits(grid, threshold)
+    image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdYlGn",
+                      interpolation="nearest", norm=TwoSlopeNorm(vcenter, vmin, vmax))
     ax.set_title(title, fontsize=9)
     ax.set_yticks(range(len(labels)), labels, fontsize=6)
     ticks = range(0, len(steps), max(1, len(steps) // 12))

@@ -15,7 +15,7 @@ import pytest
 
 from config_helpers import small
 from lpjax import quant
-from lpjax.train._monitor_heatmap import grids, write_heatmap
+from lpjax.train._monitor_heatmap import grids, threshold_limits, write_heatmap
 from lpjax.train._trainer import Trainer, _global_batch
 
 FACTORY = "user_models:linen_lm"  # attention (q, k, v, out) + MLP (up, down): 6 MXFP4 sites
@@ -130,6 +130,13 @@ def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, cap
   assert write_heatmap(str(tmp_path)) is None
   assert not (tmp_path / "monitor_heatmap.png").exists()
   assert any("matplotlib is not installed" in m.getMessage() for m in caplog.records)
+  monkeypatch.delitem(sys.modules, "matplotlib")
+  pytest.importorskip("matplotlib")
+  assert write_heatmap(str(tmp_path), min_out_snr_db=6.0) == str(tmp_path / "monitor_heatmap.png")
+  assert (tmp_path / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+  # the colours turn at the alert thresholds, whatever the data's range
+  assert threshold_limits(snr, 6.0) == (-3.0, 6.0, 15.0)
+  assert threshold_limits(np.array([[12.0, 14.0]]), 6.0) == (5.0, 6.0, 14.0)
 
 
 @pytest.mark.slow
