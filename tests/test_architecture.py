@@ -15,6 +15,7 @@ is docs/numerics.md).
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
 import re
 import subprocess
@@ -317,3 +318,11 @@ def test_public_api_is_declared_and_modules_are_private(package):
     if path.name != "__init__.py" and not path.name.startswith("_"):
       assert path.stem in _NAMED_MODULES.get(package, set()), (
           f"{path.relative_to(ROOT)} should be private (_{path.name})")
+
+
+def test_test_files_have_unique_basenames():
+  """pytest imports test modules by basename (rootdir import mode, no __init__.py): two files of
+  one name in different folders make the second fail to collect in a whole-suite run only."""
+  tests = pathlib.Path(__file__).resolve().parent
+  names = collections.Counter(p.name for p in tests.rglob("test_*.py"))
+  assert not [n for n, k in names.items() if k > 1], names.most_common(3)

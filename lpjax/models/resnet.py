@@ -17,7 +17,7 @@ Examples:
   >>> import jax, jax.numpy as jnp
   >>> from lpjax.quant import QuantPolicy
   >>> cfg = ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
-  >>> policy = QuantPolicy.from_settings("mxfp4_naive")
+  >>> policy = QuantPolicy.from_settings("mxfp4_naive", high_precision="bf16")  # as train.py
   >>> graphdef, params, batch_stats = abstract_model(cfg, policy)   # shapes only, nothing allocated
   >>> params, batch_stats = jax.jit(init_variables, static_argnums=0)(cfg, jax.random.key(0))
   >>> forward = jax.jit(lambda p, s, x, key: apply(graphdef, cfg, p, s, x, None, key, train=True))
