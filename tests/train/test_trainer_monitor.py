@@ -126,11 +126,11 @@ def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, cap
   assert labels == ["up"] and steps == [10, 20]  # dgrad is not quantized: not in the SNR
   np.testing.assert_array_equal(snr, [[15.0, -3.0]])
   np.testing.assert_array_equal(gnr, [[4.0, 1.0]])
-  monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
-  assert write_heatmap(str(tmp_path)) is None
+  with monkeypatch.context() as patch:  # the module object itself comes back afterwards
+    patch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    assert write_heatmap(str(tmp_path)) is None
   assert not (tmp_path / "monitor_heatmap.png").exists()
   assert any("matplotlib is not installed" in m.getMessage() for m in caplog.records)
-  monkeypatch.delitem(sys.modules, "matplotlib")
   pytest.importorskip("matplotlib")
   assert write_heatmap(str(tmp_path), min_out_snr_db=6.0) == str(tmp_path / "monitor_heatmap.png")
   assert (tmp_path / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
