@@ -5,14 +5,11 @@ monitor.jsonl as an uninterrupted run (the switches live in the checkpoint's met
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
+from train_subprocess import REPO, start_train
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, EVERY = 60, 10
 FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=32",
          f"--config.checkpoint_every={EVERY}", "--config.eval_every=0", "--config.eval_steps=1",
@@ -22,22 +19,8 @@ FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=3
          "--config.debug.monitor_fail_path=^up$", "--config.keep_checkpoints=2"]
 
 
-def _env():
-  env = dict(os.environ)
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="",
-             PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "train")]),
-             JAX_COMPILATION_CACHE_DIR=os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return env
-
-
 def _start(workdir):
-  cmd = [sys.executable, os.path.join(REPO, "train.py"),
-         f"--config={os.path.join(REPO, 'configs', 'llama_tiny_mxfp4.py')}", f"--workdir={workdir}",
-         *FLAGS]
-  return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+  return start_train(workdir, FLAGS, os.path.join(REPO, "tests", "train"))
 
 
 def _steps(workdir):
