@@ -41,6 +41,15 @@ def _hf(path, tied=True):
   return t
 
 
+def _decode_mxfp4(packed: dict, name: str) -> np.ndarray:
+  """The float32 values of the packed MXFP4 weight `name` (OCP MX: two E2M1 codes a byte, low
+  nibble first; E8M0 scales per 32), decoded here, not by lpjax."""
+  blocks, scales = packed[name + ".weight_blocks"], packed[name + ".weight_scales"]
+  codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(blocks.shape[0], -1)
+  e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+  return e2m1[codes] * np.repeat(np.exp2(scales.astype(np.float32) - 127), 32, axis=1)
+
+
 def _config(hf_path, steps, recipe="mxfp4_naive"):
   c = config_file("llama_tiny_mxfp4")
   return override(c, steps=steps, eval_every=0, checkpoint_every=0, eval_steps=1, log_every=1,
@@ -89,11 +98,7 @@ def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
   op = quant.get_recipe("mxfp4_naive").fwd.rhs
   kernel = np.asarray(params["layers"]["attn"]["q_proj"]["kernel"][...][1])
   want = np.asarray(quant.fake_quant_operand(jnp.asarray(kernel.T), op, axis=-1))
-  blocks = packed["model.layers.1.self_attn.q_proj.weight_blocks"]
-  scales = packed["model.layers.1.self_attn.q_proj.weight_scales"]
-  codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(D, -1)
-  e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-  got = e2m1[codes] * np.repeat(np.exp2(scales.astype(np.float32) - 127), 32, axis=1)
+  got = _decode_mxfp4(packed, "model.layers.1.self_attn.q_proj")
   assert np.array_equal(got, want)
   assert packed["model.embed_tokens.weight"].dtype.name == "bfloat16"
   # the bf16 export imports back as the trained weights rounded to bf16
@@ -132,11 +137,7 @@ def test_a_run_in_the_default_mxfp4_recipe_exports_only_with_allow_requantize(tm
   packed = hf_llama.read_tensors(str(tmp_path / "mx"))
   kernel = np.asarray(params["layers"]["mlp"]["up_proj"]["kernel"][...][0])
   want = np.asarray(quant.fake_quant(jnp.asarray(kernel.T), "mxfp4"))  # RTN, OCP scales
-  blocks = packed["model.layers.0.mlp.up_proj.weight_blocks"]
-  scales = packed["model.layers.0.mlp.up_proj.weight_scales"]
-  codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(F, -1)
-  e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-  got = e2m1[codes] * np.repeat(np.exp2(scales.astype(np.float32) - 127), 32, axis=1)
+  got = _decode_mxfp4(packed, "model.layers.0.mlp.up_proj")
   assert np.array_equal(got, want)
 
 
