@@ -1,12 +1,12 @@
 """The trainer's `monitor` section: per-site FP4 numerics while training, alerts, and per-site
 fallback (docs/numerics_monitor.md, "In training").
 
-Every `monitor.every` steps, before that step's update, a separate jitted function runs one
-forward and backward pass of the task's loss on the step's training batch (its first microbatch
-with grad_accum_steps > 1), with the step's policy and the train step's own key
-(`fold_in(key, step)`), through `lpjax.quant.monitor.site_stats.measured_value_and_grad`. The
-train step is not touched: its compiled HLO is the same with the monitor on or off. The
-measurement is compiled once per policy and batch shape.
+Every `monitor.every`-th step is the measured train step (`Trainer.train_step(policy, sites)`):
+the same update, whose forward and backward pass (of the first microbatch with
+grad_accum_steps > 1) also measure every quantized site's statistics, through
+`lpjax.quant.monitor.site_stats.measured_value_and_grad`, with the step's policy and key, on the
+operands the step itself quantizes. The other steps are the plain train step: its compiled HLO is
+the same with the monitor on or off. The measured step compiles once per policy and batch shape.
 
 Each measurement appends one JSON line per site and block to <workdir>/monitor.jsonl (`row`),
 writes grouped TensorBoard scalars (`monitor/*` summaries, `monitor_snr/<path>`,
@@ -36,19 +36,6 @@ from lpjax.train._monitor_rows import PASS_OF, alerts, fmt_value, row
 FILENAME = "monitor.jsonl"
 log = logging.getLogger("lpjax.train.monitor")
 
-def _compiled(jitted, state, batch, key):
-  """`jitted` compiled ahead of time for these arguments (so its compile time is counted); the
-  jitted function itself should a later call come with other input shardings."""
-  executable = jitted.lower(state.params, state.model_state, batch, key, state.step).compile()
-
-  def run(*args):
-    try:
-      return executable(*args)
-    except ValueError:  # input shardings differ from the compiled ones
-      return jitted(*args)
-  return run
-
-
 class Monitor:
   """The monitor of one Trainer; inert when `monitor.every` is 0."""
 
@@ -58,10 +45,10 @@ class Monitor:
     self.enabled = self.config.every > 0
     self.base_policy = trainer.precision.policy  # the low phase's, before any switch
     self.switches, self.streaks = [], {}  # [{path, pass, step, ...}], {(path, pass): n}
-    self._cache = {}  # (policy, batch shapes) -> (sites, jitted measurement)
+    self._cache = {}  # (policy, batch shapes) -> {SiteKey: SiteInfo}
     self._file = None
-    self.compile_seconds = 0.0
-    self.measure_seconds = 0.0
+    self.measure_seconds = 0.0  # wall time of the measured steps (their updates included)
+    self.measurements = 0
 
   # --- run lifecycle --------------------------------------------------------------------------
 
@@ -101,35 +88,39 @@ class Monitor:
     if not self.enabled:
       return {}
     out = {"monitor_measure_time_s": round(self.measure_seconds, 2),
-           "monitor_compile_time_s": round(self.compile_seconds, 2)}
+           "monitor_measurements": self.measurements}
     if self.config.fallback:
       out["site_fallbacks"] = list(self.switches)
     return out
 
   # --- one step -------------------------------------------------------------------------------
 
-  def before_step(self, step: int, state, batch, key, policy, writer):
-    """Measures (when step + 1 is a multiple of monitor.every) with the state before the update
-    of `step`; logs under step + 1, the step whose train/loss metrics.jsonl logs for that batch."""
+  def sites_to_measure(self, step: int, state, batch, key, policy):
+    """The sites the train step of `step` measures (when step + 1 is a multiple of
+    monitor.every; discovered once per policy and batch shape), or None: a plain step."""
+    if not self.enabled or (step + 1) % self.config.every:
+      return None
+    return self._sites(policy, state, batch, key) or None
+
+  def record(self, step: int, sites: dict, measured, writer, started: float):
+    """Writes the rows, scalars and alerts of the measured step `step` (its (loss, stats) output)
+    under step + 1, the step whose train/loss metrics.jsonl logs for that batch (the statistics
+    are of the parameters before that update); with monitor.fallback, counts the alerts and
+    switches sites. `started`: when the measured step was started (its time is counted)."""
     done = step + 1
-    if not self.enabled or done % self.config.every:
-      return
-    jax.block_until_ready(state)  # the queued steps finish first: their time is not the monitor's
-    start, compiled_before = time.perf_counter(), self.compile_seconds
-    sites, fn = self._measurement(policy, state, batch, key)
-    if not sites:
-      return
-    loss, stats = jax.device_get(fn(state.params, state.model_state, batch, key, state.step))
+    loss, stats = jax.device_get(measured)
     rows = []
     for site_key, info in sites.items():
       for b in range(info.rows):
         rows.append(row(done, loss, site_key, b, info, stats[site_key][b]))
-    self.measure_seconds += time.perf_counter() - start - (self.compile_seconds - compiled_before)
+    self.measure_seconds += time.perf_counter() - started
+    self.measurements += 1
     found = self._report(done, rows, writer)
     if self.config.fallback:
       self._strike(done, sites, found)
 
-  def _measurement(self, policy, state, batch, key):
+  def _sites(self, policy, state, batch, key):
+    """{SiteKey: SiteInfo} of the quantized GEMMs of the step's (first micro)batch."""
     shapes = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch))
     cache_key = (policy, shapes)
     if cache_key in self._cache:
@@ -149,22 +140,10 @@ class Monitor:
     with trainer.activation_hints():
       micro, step_key = jax.eval_shape(inputs, batch, key, state.step)
       sites = discover(call, state.params, state.model_state, micro, step_key)
-
-    def measure(params, model_state, batch, key, step):
-      with trainer.activation_hints():
-        micro, step_key = inputs(batch, key, step)
-        loss, _, stats = measured_value_and_grad(call, sites)(params, model_state, micro,
-                                                              step_key)
-      return loss, stats
-
-    start = time.perf_counter()
-    fn = _compiled(jax.jit(measure), state, batch, key) if sites else None
-    seconds = time.perf_counter() - start
-    self.compile_seconds += seconds
-    log.info("Monitor: %d quantized GEMM sites of recipe %s; measurement compiled in %.1f s.",
-             len(sites), policy.recipe, seconds)
-    self._cache[cache_key] = (sites, fn)
-    return sites, fn
+    log.info("Monitor: %d quantized GEMM sites of recipe %s; measured every %d steps in the "
+             "train step itself.", len(sites), policy.recipe, self.config.every)
+    self._cache[cache_key] = sites
+    return sites
 
   def _report(self, done, rows, writer) -> list:
     found = []

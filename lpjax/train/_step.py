@@ -29,6 +29,7 @@ import optax
 
 from lpjax import optim, quant
 from lpjax.optim._low_precision_state import round_with_noise
+from lpjax.quant.monitor.site_stats import measured_value_and_grad
 from lpjax.nn import constrain
 from lpjax.train._config_schema import GRAD_ACCUM_DTYPES, PARAM_ROUNDINGS
 
@@ -136,6 +137,13 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
                     grad_accum_dtype: str = "float32"):
   """train_step(state, batch, key, policy) -> (state, metrics); `policy` is static.
 
+  train_step(state, batch, key, policy, sites) is the monitor's measured step: the same update
+  (the GEMMs run their own rules, so the gradients are the same), plus `(loss, stats)`, the
+  statistics of the `sites` (`lpjax.quant.monitor.site_stats.discover`) measured in its backward
+  pass: -> (state, metrics, (loss, {SiteKey: float32[rows, fields]})). With grad_accum_steps > 1
+  the first microbatch is measured in one more forward and backward pass (the update's scan over
+  the microbatches is the plain step's) and `loss` is that microbatch's.
+
   loss_fn(params, model_state, batch, key, policy) -> (loss, (model_state, {name: scalar})), as
   `Task.loss`. With grad_accum_steps = k > 1 the batch is split into k microbatches (rows i,
   i + k, ... form microbatch i, so a batch sharded by rows stays local), their gradients are
@@ -153,7 +161,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
     raise ValueError(f"grad_accum_dtype must be one of {GRAD_ACCUM_DTYPES}, got "
                      f"{grad_accum_dtype!r}.")
 
-  def grads_of(params, model_state, batch, step_key, step, loss_scale, policy):
+  def grads_of(params, model_state, batch, step_key, step, loss_scale, policy, sites=None):
     def scaled_loss(params):
       loss, (new_model_state, aux) = loss_fn(params, model_state, batch, step_key, policy)
       loss = loss.astype(jnp.float32)
@@ -164,14 +172,22 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
       scaled = loss_scale.scale(loss) if loss_scale is not None else loss
       return scaled, (loss, new_model_state, aux)
 
-    (_, (loss, new_model_state, aux)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
-    return loss, new_model_state, aux, grads
+    if sites is None:
+      (_, (loss, new_model_state, aux)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(
+          params)
+      return loss, new_model_state, aux, grads
+    # the monitor's measured step: the same gradients (the GEMMs' own rules), plus statistics
+    (_, (loss, new_model_state, aux)), grads, stats = measured_value_and_grad(
+        scaled_loss, sites, has_aux=True)(params)
+    return loss, new_model_state, aux, grads, (loss, stats)
 
-  def train_step(state: TrainState, batch, key, policy):
+  def train_step(state: TrainState, batch, key, policy, sites=None):
     step_key = jax.random.fold_in(key, state.step)
+    measured = None
     if grad_accum_steps == 1:
-      loss, model_state, aux, grads = grads_of(state.params, state.model_state, batch, step_key,
-                                               state.step, state.loss_scale, policy)
+      loss, model_state, aux, grads, *measured = grads_of(
+          state.params, state.model_state, batch, step_key, state.step, state.loss_scale, policy,
+          sites)
     else:
       k = grad_accum_steps
       # microbatch i = rows i, i + k, ...: each device keeps its rows (hinted for XLA)
@@ -192,6 +208,12 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
       zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, grad_accum_dtype), state.params)
       (loss, grads, model_state), aux = jax.lax.scan(
           body, (jnp.zeros([], jnp.float32), zeros, state.model_state), (jnp.arange(k), micro))
+      if sites is not None:  # the monitor measures microbatch 0 once more: the scan stays as is
+        *_, measured = grads_of(state.params, state.model_state,
+                                jax.tree.map(lambda a: a[0], micro),
+                                jax.random.fold_in(step_key, 0), state.step, state.loss_scale,
+                                policy, sites)
+        measured = [measured]
       loss = loss / k
       aux = jax.tree.map(lambda a: jnp.mean(a, axis=0), aux)
       grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grads, state.params)
@@ -221,6 +243,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
                "update_finite": update_finite, **aux}
     if loss_scale is not None:
       metrics["loss_scale"] = loss_scale.loss_scale
+    if sites is not None:
+      return new_state, metrics, measured[0]
     return new_state, metrics
 
   return train_step

@@ -132,15 +132,19 @@ class Trainer:
     return shd.step_hints(self.mesh,
                           gather_quantized_weights=self.config.quant.gather_quantized_weights)
 
-  def train_step(self, policy=None):
-    """The jitted train step of `policy` (a QuantPolicy; None: the run's own), compiled once."""
+  def train_step(self, policy=None, sites=None):
+    """The jitted train step of `policy` (a QuantPolicy; None: the run's own), compiled once;
+    with `sites` (the monitor's, for this policy and batch shapes), the measured step."""
     policy = self.precision.policy if policy is None else policy
-    if ("train", policy) not in self._compiled:
+    name = ("train", policy) if sites is None else ("measured", policy, id(sites))
+    if name not in self._compiled:
       def step(state, batch, key):
         with self.activation_hints():
-          return self._train_step(state, batch, key, policy)
-      self._compiled[("train", policy)] = jax.jit(step, donate_argnums=(0,))
-    return self._compiled[("train", policy)]
+          if sites is None:
+            return self._train_step(state, batch, key, policy)
+          return self._train_step(state, batch, key, policy, sites)
+      self._compiled[name] = jax.jit(step, donate_argnums=(0,))
+    return self._compiled[name]
 
   def eval_step(self, policy=None):
     policy = self.precision.policy if policy is None else policy
@@ -151,23 +155,25 @@ class Trainer:
       self._compiled[("eval", policy)] = jax.jit(sums)
     return self._compiled[("eval", policy)]
 
-  def compiled_train_step(self, policy, state, batch, key):
+  def compiled_train_step(self, policy, state, batch, key, sites=None):
     """The train step of `policy` compiled for these shapes: compiled once ahead of time, with
     the compile time logged ("compiled in N s"), then reused for every step of the same shapes.
+    With `sites`, the monitor's measured step of those sites (Trainer.train_step).
 
     Should a later call come with other input shardings than the compiled ones (the executable
     checks before it runs, so nothing is donated), the entry falls back to the jitted step."""
     shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), batch)
-    cache_key = (policy, str(shapes))
+    cache_key = (policy, str(shapes), None if sites is None else id(sites))
     if cache_key not in self._runners:
       name = f"{policy.recipe} (forward only)" if policy.forward_only else policy.recipe
-      log.info("Compiling the train step for recipe %s.", name)
+      what = "train step" if sites is None else "measured train step (monitor)"
+      log.info("Compiling the %s for recipe %s.", what, name)
       start = time.perf_counter()
-      executable = self.train_step(policy).lower(state, batch, key).compile()
+      executable = self.train_step(policy, sites).lower(state, batch, key).compile()
       seconds = time.perf_counter() - start
-      log.info("Train step for recipe %s compiled in %.1f s.", name, seconds)
+      log.info("%s for recipe %s compiled in %.1f s.", what.capitalize(), name, seconds)
       self.compile_seconds += seconds
-      jitted, fell_back = self.train_step(policy), []
+      jitted, fell_back = self.train_step(policy, sites), []
 
       def run(state, batch, key):
         if not fell_back:
@@ -179,6 +185,19 @@ class Trainer:
         return jitted(state, batch, key)
       self._runners[cache_key] = run
     return self._runners[cache_key]
+
+  def one_step(self, step: int, state, batch, key, policy, writer):
+    """(state, metrics) after train step `step` of `policy` (compiled when new): the plain step,
+    or every monitor.every steps the monitor's measured step, whose statistics it records."""
+    sites = self.monitor.sites_to_measure(step, state, batch, key, policy)
+    run_step = self.compiled_train_step(policy, state, batch, key, sites)
+    if sites is None:
+      return run_step(state, batch, key)
+    jax.block_until_ready(state)  # the queued steps finish first: their time is not the monitor's
+    started = time.perf_counter()
+    state, metrics, measured = run_step(state, batch, key)
+    self.monitor.record(step, sites, measured, writer, started)
+    return state, metrics
 
   def evaluate(self, params, model_state, policy=None) -> dict:
     """{metric: value} of the task's evaluation with `policy` (None: the run's own)."""
@@ -326,11 +345,9 @@ class Trainer:
     for step, local in batches:
       policy = self.precision.policy_at(step)
       batch = _global_batch(local, self.batch_sharding)
-      self.monitor.before_step(step, state, batch, key, policy, writer)  # before it donates state
       compiled_before = self.compile_seconds
-      run_step = self.compiled_train_step(policy, state, batch, key)
+      state, metrics = self.one_step(step, state, batch, key, policy, writer)
       progress.exclude(self.compile_seconds - compiled_before)  # the ETA counts steady steps
-      state, metrics = run_step(state, batch, key)
       units += self.task.units_in(local)
       done = step + 1
       if done % c.log_every == 0 or done == end_step or signals.received:

@@ -1,11 +1,11 @@
 """The trainer's monitor section (lpjax/train/_monitor.py) on a model.factory model: monitor.jsonl
-rows equal `lpjax.quant.site_stats` on the same params, batch and key; the train step's HLO is the
-same with the monitor on or off; alert lines; the heatmap; fsdp; a planted failing site falls
-back alone (bounded compiles) and a resumed run rebuilds the same policy and losses."""
+rows equal `lpjax.quant.site_stats` on the same params, batch and key; the plain train step's HLO
+is the same with the monitor on or off, and the measured step makes the same update; alert
+lines; the heatmap; fsdp; a planted failing site falls back alone (bounded compiles) and a
+resumed run rebuilds the same policy and losses. lpjax's own LLaMA: test_trainer_monitor_llama.py."""
 
 import json
 import logging
-import math
 import re
 import sys
 
@@ -14,58 +14,15 @@ import numpy as np
 import pytest
 
 from config_helpers import small
-from lpjax import quant
 from lpjax.train._monitor_heatmap import grids, threshold_limits, write_heatmap
-from lpjax.train._trainer import Trainer, _global_batch
+from lpjax.train._trainer import Trainer
+from monitor_helpers import check_against_site_stats, losses, read, same
 
 FACTORY = "user_models:linen_lm"  # attention (q, k, v, out) + MLP (up, down): 6 MXFP4 sites
-STATS = ("snr_db", "rel_err", "saturated", "flushed", "scale_min", "scale_max", "scale_std",
-         "clamped_scales")
 
 
 def cfg(steps=1, **kw):
   return small("mxfp4", steps=steps, **{"model.factory": FACTORY, "monitor.every": 1, **kw})
-
-
-def read(path):
-  return [json.loads(l) for l in path.read_text().splitlines()]
-
-
-def losses(workdir):
-  return [(r["step"], r["train/loss"]) for r in read(workdir / "metrics.jsonl")
-          if "train/loss" in r]
-
-
-def same(a, b, rtol):
-  if a is None or b is None or not math.isfinite(b):
-    return (a is None) == (b is None or not math.isfinite(b))
-  return abs(a - b) <= rtol * abs(b) + 1e-6
-
-
-def check_against_site_stats(trainer, rows, accum=1):
-  """The rows of step 1 equal `lpjax.quant.site_stats` called independently on step 0's params,
-  batch (its first microbatch: rows 0, k, 2k, ...) and key (the microbatch's)."""
-  state = trainer.init_state()
-  (_, local), = trainer.task.batches(0, 1, 0, 1)
-  batch = _global_batch(local, trainer.batch_sharding)
-  key = jax.random.fold_in(jax.random.key(trainer.config.seed + 1), 0)
-  micro = {k: v[::accum] for k, v in local.items()}
-  micro_key = key if accum == 1 else jax.random.fold_in(key, 0)
-  policy = trainer.precision.policy
-  target = lambda params, model_state, batch, quant_key: trainer.task.loss(
-      params, model_state, batch, quant_key, policy)[0]
-  with trainer.activation_hints():
-    table = quant.site_stats(target, state.params, state.model_state, micro, quant_key=micro_key)
-  by_site = {r["path"]: r for r in rows}
-  assert len(table.rows) == 6 * 6  # six sites x six quantized operands
-  assert rows[0]["loss"] == pytest.approx(float(table.loss), rel=1e-6)
-  for t in table.rows:
-    r = by_site[t["path"]]
-    for s in STATS:
-      assert same(r[t["gemm"]][t["operand"]][s], t[s], 1e-5), (t["path"], t["gemm"], s)
-    assert same(r[t["gemm"]]["out_snr_db"], t["out_snr_db"], 1e-5)
-    assert same(r["grad_noise_ratio"], t["grad_noise_ratio"], 1e-5)
-  return state, batch, key
 
 
 @pytest.mark.slow
@@ -81,7 +38,7 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
   # the measured loss is the train step's own (same params, batch and key)
   assert rows[0]["loss"] == pytest.approx(losses(tmp_path / "on")[0][1], rel=1e-6)
 
-  state, batch, key = check_against_site_stats(trainer, rows)
+  state, batch, key = check_against_site_stats(trainer, rows, operands=6 * 6)
   by_site = {r["path"]: r for r in rows}
 
   # one alert line per operand over monitor.max_flushed = 0, naming site, statistic, value, limit
@@ -100,19 +57,36 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
   assert metrics[0]["monitor_gnr/up"] == by_site["up"]["grad_noise_ratio"]
   assert (tmp_path / "on" / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
-  # the train step is today's: the same HLO with the monitor off
+  # the plain train step is today's: the same HLO with the monitor off
   off = Trainer(cfg(**{"monitor.every": 0}), str(tmp_path / "off"), devices=one)
   lowered = [t.train_step(off.precision.policy).lower(state, batch, key).as_text()
              for t in (trainer, off)]
   assert lowered[0] == lowered[1]
+  # and the measured step makes the same update
+  off.run()
   assert not (tmp_path / "off" / "monitor.jsonl").exists()
+  assert losses(tmp_path / "on") == losses(tmp_path / "off")
+  for a, b in zip(jax.tree.leaves(trainer.final_state.params),
+                  jax.tree.leaves(off.final_state.params)):
+    assert np.array_equal(a, b)
 
 
 @pytest.mark.slow
 def test_with_gradient_accumulation_the_first_microbatch_is_measured(tmp_path):
-  trainer = Trainer(cfg(grad_accum_steps=2), str(tmp_path), devices=jax.devices()[:1])
+  one = jax.devices()[:1]
+  trainer = Trainer(cfg(steps=2, grad_accum_steps=2), str(tmp_path / "on"), devices=one)
   trainer.run()
-  check_against_site_stats(trainer, read(tmp_path / "monitor.jsonl"), accum=2)
+  rows = read(tmp_path / "on" / "monitor.jsonl")
+  check_against_site_stats(trainer, [r for r in rows if r["step"] == 1], accum=2,
+                           operands=6 * 6)
+  # the measured steps (microbatch 0 measured, the others in the scan) make the same updates
+  off = Trainer(cfg(steps=2, grad_accum_steps=2, **{"monitor.every": 0}), str(tmp_path / "off"),
+                devices=one)
+  off.run()
+  assert losses(tmp_path / "on") == losses(tmp_path / "off") and len(losses(tmp_path / "on")) == 2
+  for a, b in zip(jax.tree.leaves(trainer.final_state.params),
+                  jax.tree.leaves(off.final_state.params)):
+    assert np.array_equal(a, b)
 
 
 def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, caplog):

@@ -66,10 +66,11 @@ def discover(call: Callable, *args) -> dict:
   return sites
 
 
-def measured_value_and_grad(call: Callable, sites: dict) -> Callable:
+def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = False) -> Callable:
   """`f(params, *rest) -> (loss, grads, {SiteKey: float32[rows, len(SINK_FIELDS)]})`: the loss
   and gradients of `call` (the quantized run's own bits) with every site's statistics, a pure
-  function of arrays (jit it, or call it inside a jitted step)."""
+  function of arrays (jit it, or call it inside a jitted step). With `has_aux`, `call` returns
+  (loss, aux) and `loss` above is that pair, as `jax.value_and_grad(..., has_aux=True)` gives."""
 
   def f(params, *rest):
     sinks = {k: jnp.zeros((info.rows, len(obs.SINK_FIELDS)), jnp.float32)
@@ -79,7 +80,8 @@ def measured_value_and_grad(call: Callable, sites: dict) -> Callable:
       with obs.measuring("stats", sites=sites, sinks=sinks):
         return call(params, *rest)
 
-    loss, (grads, stats) = jax.value_and_grad(loss_of, argnums=(0, 1))(params, sinks)
+    loss, (grads, stats) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
+        params, sinks)
     return loss, grads, stats
 
   return f
