@@ -62,6 +62,16 @@ class Monitor:
     truncate_after(path, resume_step)
     self._file = open(path, "a", buffering=1)
 
+  def rolled_back(self, saved: dict, step: int):
+    """A rollback to the checkpoint of `step`: its switches and streaks come back, and the lines
+    of monitor.jsonl after `step` are dropped (those steps are measured again)."""
+    self.load(saved)
+    if self._file is not None:
+      self._file.close()
+      path = os.path.join(self.trainer.workdir, FILENAME)
+      truncate_after(path, step)
+      self._file = open(path, "a", buffering=1)
+
   def finish(self):
     """Closes monitor.jsonl and writes the heatmap PNG (monitor_heatmap.png)."""
     if self._file is None:

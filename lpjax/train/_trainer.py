@@ -407,7 +407,7 @@ class Trainer:
             f"checkpoint of step {step} holds non-finite values, so there is nothing good to roll "
             f"back to in {self.checkpointer.directory}. Start a new workdir.")
       self.precision.load(meta.get("precision", {}))
-      self.monitor.load(meta.get("monitor", {}))
+      self.monitor.rolled_back(meta.get("monitor", {}), step)
       self.precision.force_fallback(step)
       log.warning("%d non-finite steps in a row at step %d: rolled back to the checkpoint of step "
                   "%d; the next %d steps use %s (rollback %d of at most %d).",

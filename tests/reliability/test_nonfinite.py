@@ -1,5 +1,5 @@
 """Non-finite steps: skipped (state unchanged), counted, loss scale backed off; too many in a row
-stop with an error naming the last good checkpoint, or roll back in high precision."""
+stop with an error naming the last good checkpoint, or roll back in high precision. monitor.jsonl drops the rows of rolled-back steps."""
 
 import json
 import os
@@ -53,7 +53,8 @@ def test_consecutive_skips_stop_with_the_last_good_checkpoint(tmp_path):
 def test_rollback_restarts_from_the_checkpoint_in_high_precision(tmp_path):
   c = small("mxfp4_naive", steps=6, **{
       "debug.nan_at_step": 3, "debug.nan_only_quantized": True, "max_consecutive_skips": 1,
-      "checkpoint_every": 2, "rollback_on_skips": True, "quant.fallback_steps": 2})
+      "checkpoint_every": 2, "rollback_on_skips": True, "quant.fallback_steps": 2,
+      "monitor.every": 1})
   results = Trainer(c, str(tmp_path)).run()
   assert results["steps"] == 6 and results["rollbacks"] == 1 and results["skipped_steps"] == 0
   records = [r for r in metrics(str(tmp_path)) if "train/loss" in r]
@@ -68,6 +69,14 @@ def test_rollback_restarts_from_the_checkpoint_in_high_precision(tmp_path):
   assert [r["train/recipe_is_quantized"] for r in by_step[5]] == [1.0]
   assert [r["event/rollback_to_step"] for r in metrics(str(tmp_path))
           if "event/rollback_to_step" in r] == [2]
+  # monitor.jsonl drops the rolled-back steps' rows: steps 3-4 ran again in bf16 (nothing
+  # quantized, nothing measured), so each site has one row per MXFP4 step
+  with open(os.path.join(str(tmp_path), "monitor.jsonl")) as f:
+    rows = [json.loads(l) for l in f]
+  per_site = {}
+  for r in rows:
+    per_site.setdefault((r["path"], r["block"]), []).append(r["step"])
+  assert per_site and all(steps == [1, 2, 5, 6] for steps in per_site.values()), per_site
 
 
 def test_rollback_gives_up_after_max_rollbacks(tmp_path):
