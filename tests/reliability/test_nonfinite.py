@@ -1,5 +1,6 @@
 """Non-finite steps: skipped (state unchanged), counted, loss scale backed off; too many in a row
-stop with an error naming the last good checkpoint, or roll back in high precision. monitor.jsonl drops the rows of rolled-back steps."""
+stop with an error naming the last good checkpoint, or roll back in high precision (monitor.jsonl
+drops the rows of the rolled-back steps)."""
 
 import json
 import os
