@@ -254,6 +254,16 @@ def row_legend(row: dict) -> str:
   return f"{row['label']} (n={row.get('n_ok', 0)})"
 
 
+def _distinct_colors(plt, n: int) -> list:
+  """n colours, no two alike: tab10's for up to 10 lines, tab20's for up to 20 (the default cycle
+  repeats after 10, which gave two rows of one plot the same colour), then a continuous map."""
+  if n <= 10:
+    return [plt.get_cmap("tab10")(i) for i in range(n)]
+  if n <= 20:
+    return [plt.get_cmap("tab20")(i) for i in range(n)]
+  return [plt.get_cmap("turbo")(i / (n - 1)) for i in range(n)]
+
+
 def plot_curves(summary: dict, path: str):
   """Left: train loss vs step, mean over seeds (band: ± std where n > 1), the reference dashed.
   Right: each row's mean train loss relative to the reference's at the same step (%), where
@@ -263,11 +273,13 @@ def plot_curves(summary: dict, path: str):
   ref = next((r for r in rows if r["label"] == summary["reference"]), None)
   fig, (ax, gap_ax) = plt.subplots(1, 2, figsize=(14, 5.5))
   ref_at = dict(zip(ref["curve"]["steps"], ref["curve"]["mean"])) if ref else {}
+  colors = iter(_distinct_colors(plt, sum(r is not ref for r in rows)))
   for r in rows:
     c = r["curve"]
     steps, mean, std = np.array(c["steps"]), np.array(c["mean"]), np.array(c["std"])
     is_ref = r is ref
-    line, = ax.plot(steps, mean, "k--" if is_ref else "-", label=row_legend(r), lw=1.5)
+    line, = ax.plot(steps, mean, "--" if is_ref else "-", color="k" if is_ref else next(colors),
+                    label=row_legend(r), lw=1.5)
     if r.get("n_ok", 0) > 1 and np.isfinite(std).any():
       ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, lw=0)
     shared = [(s, m) for s, m in zip(c["steps"], c["mean"]) if s in ref_at and ref_at[s]]

@@ -175,3 +175,22 @@ def test_the_command_writes_the_chosen_pngs(tmp_path):
   assert (tmp_path / "out" / "mem_final.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   with pytest.raises(SystemExit):
     rtp.main(["--results", str(page), "--out", str(tmp_path / "out"), "--only", "nope"])
+
+
+def test_curves_of_more_than_ten_rows_get_distinct_colours(monkeypatch, tmp_path):
+  """The default colour cycle repeats after 10 lines: docs/results.md's 12-row optimizer plot
+  drew two rows in one blue."""
+  pytest.importorskip("matplotlib")
+  rows = [{"label": f"row{i}", "n_ok": 1,
+           "curve": {"steps": [1, 2], "mean": [3.0 + i, 2.0 + i], "std": [math.nan] * 2}}
+          for i in range(13)]
+  plt = ablate_report._pyplot()
+  figures = []
+  monkeypatch.setattr(plt, "close", figures.append)
+  ablate_report.plot_curves({"sweep": "demo", "reference": "row0", "rows": rows},
+                            str(tmp_path / "curves.png"))
+  monkeypatch.undo()
+  colors = [tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+            for line in figures[0].axes[0].get_lines()]
+  assert len(colors) == 13 and len(set(colors)) == 13
+  plt.close(figures[0])
