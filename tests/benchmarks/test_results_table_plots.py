@@ -194,3 +194,14 @@ def test_curves_of_more_than_ten_rows_get_distinct_colours(monkeypatch, tmp_path
             for line in figures[0].axes[0].get_lines()]
   assert len(colors) == 13 and len(set(colors)) == 13
   plt.close(figures[0])
+
+
+def test_every_curve_plot_of_the_results_page_states_its_n():
+  """The stored curve plots cannot be redrawn without their runs, so the page says n for them:
+  in the image's alt text or in the paragraph right under it."""
+  text = RESULTS.read_text()
+  images = list(re.finditer(r"!\[(?P<alt>[^\]]*)\]\((?P<png>results/[\w.-]+_curves\.png)\)", text))
+  assert len(images) >= 10
+  for m in images:
+    after = text[m.end():].lstrip("\n").split("\n\n")[0]
+    assert re.search(r"\bn = \d", m["alt"] + "\n" + after), m["png"]
