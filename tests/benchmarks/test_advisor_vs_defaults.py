@@ -12,7 +12,7 @@ import advisor_vs_defaults as bench  # noqa: E402
 
 def _args(tmp_path, **kw):
   a = dict(steps=300, seeds=[0, 1, 2], recipes=["mxfp4"], arms=["default", "advised", "pure"], batches=2,
-           root=str(tmp_path), report_only=True)
+           root=str(tmp_path), report_only=True, retrain_same=False)
   a.update(kw)
   return argparse.Namespace(**a)
 
@@ -43,3 +43,31 @@ def test_arms_flags_and_the_table(tmp_path):
   assert "| 0.170 |" in rows["default"] and "| 0.080 |" in rows["advised"]
   assert "| 0.000 |" in rows["pure"]
   assert bench.train(args, "mxfp4", "default", 0) is None  # report_only: nothing runs
+
+
+RANKING = """Measured 2 batch(es) at the checkpoint step 1000; budget 0.1696 of the GEMM FLOPs.
+
+| rank | path | loss_delta | grad_noise_ratio | out_snr_db | flops_fraction | kept | kept_by_default |
+|---|---|---|---|---|---|---|---|
+| 1 | lm_head | 0.0119 | 5.89 | 11.8 | 0.034 | yes | yes |
+| 2 | layers/mlp/down_proj | 0.006939 | 4.55 | 13.1 | 0.186 | {down} |  |
+| 3 | layers/attn/attn_scores | 0.004062 | 4.3 | 8.5 | 0.068 | {scores} | yes |
+"""
+
+
+def test_an_advice_that_keeps_the_default_list_is_the_default_run(tmp_path):
+  args = _args(tmp_path, arms=["default", "advised_ckpt"])
+  folder = tmp_path / "mxfp4" / "advice_ckpt"
+  folder.mkdir(parents=True)
+  (folder / "seed0.txt").write_text("--config.quant.policy=pure\n")
+  (folder / "seed0.md").write_text(RANKING.format(down="", scores="yes"))
+  (folder / "seed1.txt").write_text("--config.quant.policy=pure\n")
+  (folder / "seed1.md").write_text(RANKING.format(down="yes", scores=""))
+  assert bench.keeps_the_default_list(args, "mxfp4", "advised_ckpt", 0)
+  assert not bench.keeps_the_default_list(args, "mxfp4", "advised_ckpt", 1)
+  assert not bench.keeps_the_default_list(args, "mxfp4", "default", 0)
+  done = tmp_path / "mxfp4" / "default" / "seed0"
+  done.mkdir(parents=True)
+  (done / "results.json").write_text('{"steps": 300, "final_eval_loss": 2.25}')
+  assert bench.train(args, "mxfp4", "advised_ckpt", 0)["final_eval_loss"] == 2.25
+  assert bench.train(args, "mxfp4", "advised_ckpt", 1) is None  # its own run: not trained here
