@@ -3,7 +3,9 @@
 The projections (q, k, v, o, gate, up, down) and the LM head are `QDense` layers and the two
 attention products are `QEinsum`s, all governed by the `QuantPolicy` the model is built with
 (by default the embeddings, LM head, norms and attention products stay in high precision;
-docs/numerics.md §7). `LlamaConfig` holds the architecture only; sizes follow docs/numerics.md §10
+docs/numerics.md §7). A quantized attention-values product stays causal: its quantizer's key
+blocks before each query's block go through the recipe, the query's own block in float32
+(`lpjax.models._causal_values`). `LlamaConfig` holds the architecture only; sizes follow docs/numerics.md §10
 (`LLAMA_SIZES`).
 
 Examples:
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lpjax import quant
+from lpjax.models._causal_values import causal_values, key_span
 from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
@@ -162,7 +165,13 @@ class Attention(nnx.Module):
     v = split(self.v_proj(x, key=site(self.v_proj)))
     scores = self.attn_scores(q, k, key=site(self.attn_scores))
     probs = _causal_softmax(scores, math.sqrt(self.head_dim)).astype(x.dtype)
-    out = self.attn_values(probs, v, key=site(self.attn_values)).reshape(b, length, d)
+    recipe = self.attn_values.active_recipe()
+    span = 0 if recipe.is_high_precision else key_span(recipe)
+    if span:  # quantized P V: no key block mixes later keys into earlier queries
+      out = causal_values(self.attn_values, probs, v, key=site(self.attn_values), span=span)
+    else:
+      out = self.attn_values(probs, v, key=site(self.attn_values))
+    out = out.reshape(b, length, d)
     return self.o_proj(out, key=site(self.o_proj))
 
 

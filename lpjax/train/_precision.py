@@ -46,6 +46,7 @@ import math
 import statistics
 from typing import NamedTuple
 
+from lpjax.models.llama import key_span
 from lpjax.quant import QuantPolicy
 
 log = logging.getLogger("lpjax.train.precision")
@@ -191,14 +192,19 @@ class PrecisionController:
         fallback_factor=q.fallback_factor if q.fallback_factor > 0 else None,
         fallback_steps=q.fallback_steps)
     self.state = self.schedule.init()
-    if config.task == "lm" and self.policy.pure and not self.policy.recipe_for(
-        "layers/attn/attn_values").is_high_precision:
-      log.warning(
-          "quant.policy='pure' quantizes the attention products: a Hadamard transform or block "
-          "scales along the key axis can let later tokens change earlier positions' outputs, and a "
-          "model can learn to read them (tests/models/test_llama_causality.py). Compare the eval "
-          "loss with quantization off (eval/loss_fp); the default policy keeps these products "
-          "in high precision.")
+    values = self.policy.recipe_for("layers/attn/attn_values")
+    if config.task == "lm" and self.policy.pure and not values.is_high_precision:
+      own = not config.model.get("factory") and config.model.name == "llama"
+      if not own or key_span(values) is None:
+        why = ("lpjax's LLaMA splits its attention-values product causally by key blocks, but "
+               f"recipe {values.name} scales over the whole key axis (one scale per tensor or "
+               "per channel)" if own else
+               "a model.factory model's attention products are quantized as plain GEMMs")
+        log.warning(
+            "quant.policy='pure' quantizes the attention products, and %s: later tokens can change "
+            "earlier positions' outputs, and a model can learn to read them "
+            "(tests/models/test_llama_causality.py). Compare the eval loss with quantization off "
+            "(eval/loss_fp); the default policy keeps these products in high precision.", why)
 
   def policy_at(self, step: int) -> QuantPolicy:
     recipe, self.state = self.schedule.recipe_at(self.state, step)

@@ -99,12 +99,19 @@ def test_qaf_phase_before_the_finish_quantizes_the_forward_only():
   assert qaf.for_model(num_blocks=4).recipe_for("layers/2/mlp/up").name == "bf16"
 
 
-def test_a_pure_lm_policy_warns_that_quantized_attention_products_can_leak_later_tokens(caplog):
-  c = llama_config("tiny", recipe="quartet")
-  with caplog.at_level(logging.WARNING, logger="lpjax.train.precision"):
-    PrecisionController(c)
-  assert not caplog.records  # the default policy keeps the attention products in high precision
-  c.quant.policy = "pure"
-  with caplog.at_level(logging.WARNING, logger="lpjax.train.precision"):
-    PrecisionController(c)
-  assert "later tokens" in caplog.text and "eval/loss_fp" in caplog.text
+def test_a_pure_lm_policy_warns_where_quantized_attention_products_can_leak_later_tokens(caplog):
+  def warned(recipe, policy="default", factory=""):
+    c = llama_config("tiny", recipe=recipe)
+    c.quant.policy, c.model.factory = policy, factory
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lpjax.train.precision"):
+      PrecisionController(c)
+    return caplog.text
+
+  assert not warned("quartet")  # the default policy keeps the attention products in bf16
+  # lpjax's LLaMA splits P V by the quantizer's key blocks (tests/models/test_llama_causality.py)
+  assert not warned("quartet", policy="pure") and not warned("mxfp4", policy="pure")
+  text = warned("fp8", policy="pure")  # per-tensor scales: no causal block
+  assert "later tokens" in text and "eval/loss_fp" in text and "whole key axis" in text
+  text = warned("mxfp4", policy="pure", factory="user_models:linen_lm")
+  assert "later tokens" in text and "model.factory" in text
