@@ -130,6 +130,14 @@ def advise_run(config, *, budget, workdir: str | None = None, batches: int = 2) 
 
   if batches < 1:
     raise AdviseError(f"--batches={batches}: measure on at least 1 batch (2-4 is typical).")
+  q = config.quant
+  if budget == "default" and (q.keep_first or q.keep_last or q.keep_last_fraction):
+    raise AdviseError(
+        f"--budget=default with kept blocks (quant.keep_first={q.keep_first}, quant.keep_last="
+        f"{q.keep_last}, quant.keep_last_fraction={q.keep_last_fraction}): the advice runs with "
+        "quant.policy=pure, which keeps no blocks, and a scanned model's blocks share one path, so "
+        "the advice cannot name them. Give an int or float --budget (the run's kept blocks stay "
+        "kept), or set those keys to 0.")
   if workdir is not None and not os.path.isdir(workdir):
     raise AdviseError(f"--workdir={workdir} is no folder: give the workdir of a train.py run, or "
                       "leave --workdir out to measure a fresh initialisation.")

@@ -108,9 +108,31 @@ def test_int_budget_keeps_the_run_policy_and_writes_no_pure():
     ([f"--config={CONFIG}", "--budget=1", "--workdir=/nonexistent/run"], "is no folder"),
     ([f"--config={CONFIG}", "--budget=1", "--config.quant.rules=mlp=bf16"], "has no '->'"),
     ([f"--config={CONFIG}", "--budget=1", "--config.optimizer.lrr=1"], "lrr"),
+    ([f"--config={CONFIG}", "--budget=default", "--config.quant.keep_last=1"],
+     r"--budget=default with kept blocks .*quant.keep_last=1.* int or float --budget"),
 ])
 def test_bad_flags_are_one_clear_error(argv, match, capsys):
   assert cli.main(argv) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ")
   assert re.search(match, err), err
+
+
+@pytest.mark.slow  # a 2-step run and one measurement of its checkpoint
+def test_workdir_measures_the_runs_newest_checkpoint(tmp_path):
+  from lpjax.train import Trainer
+
+  argv = [f"--config={CONFIG}", "--budget=1", "--config.steps=2", "--config.eval_every=0",
+          "--config.progress_bar=False", *SMALL]
+  config, _ = cli.load_config(argv)
+  trainer = Trainer(config, str(tmp_path / "run"))
+  trainer.run()
+  files = lambda: {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*") if p.is_file()}
+  before = files()
+  advised = cli.advise_run(config, budget=1, workdir=str(tmp_path / "run"), batches=1)
+  assert files() == before  # the run's workdir is read, not written
+  assert advised.source == f"checkpoint step 2 of {tmp_path / 'run'}"
+  fresh = cli.advise_run(config, budget=1, batches=1)
+  assert fresh.source == f"fresh init (seed {config.seed})"
+  # trained weights, not the initialisation: the measured losses differ
+  assert advised.advice.ranking != fresh.advice.ranking
