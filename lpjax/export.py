@@ -5,8 +5,8 @@ The run is read as the trainer reads it (lpjax.train): its config (<workdir>/con
 newest checkpoint (<workdir>/checkpoints) and the precision schedule's state saved with it, which
 give the policy the run's forward pass used at its last step. bf16 writes the master weights
 rounded to bf16; mxfp4 / nvfp4 pack the linear weights that policy quantizes exactly as its
-forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax.models.hf_llama has the layouts),
-and keep embeddings, norms and the layers the policy kept in bf16.
+forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has
+the layouts), and keep embeddings, norms and the layers the policy kept in bf16.
 
 A run whose forward weight quantizer packed values cannot reproduce (the `mxfp4` preset's random
 Hadamard transform, quartet's QuEST after a fixed Hadamard transform, nvfp4_4over6's scheme) is

@@ -12,19 +12,13 @@ its group of query heads, which is what the attention computes (lpjax's LLaMA ha
 per query head); tied embeddings become an LM head equal to the embedding table.
 
 Exports (`export_tensors`) write bf16 (or float32) weights, or the linear weights packed in the
-public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`):
-- mxfp4: `<name>.weight_blocks` uint8 (out, in/32, 16), two E2M1 codes a byte (element 2i the
-  low nibble), and `<name>.weight_scales` uint8 E8M0 (out, in/32), as gpt-oss's `*_blocks` /
-  `*_scales`; quant_method "mxfp4".
-- nvfp4: `<name>.weight` uint8 (out, in/2) packed E2M1, `<name>.weight_scale` float8_e4m3fn
-  (out, in/16) and `<name>.weight_scale_2` float32 () = amax_t / 2688, as NVIDIA ModelOpt's
-  checkpoints; quant_method "modelopt", quant_algo "NVFP4". A 16x16 weight tile's scale is
-  repeated for its 16 rows. Codes, block scales and amax_t are the run's bits; a decoder that
-  forms e2m1 * (s_b * weight_scale_2) rounds in another order than lpjax's
-  e2m1 * ((s_b * amax_t) * fl32(1/2688)) (docs/numerics.md section 5), so its float32 values can
-  differ from the forward pass's by up to two ulps.
+public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`: gpt-oss's MXFP4 `*_blocks` /
+`*_scales`, NVIDIA ModelOpt's NVFP4).
 
-Reading and writing use the `safetensors` package (`pip install safetensors`), imported only here.
+This module maps configs, tensor names and shapes between the two models. The FP4 layouts' tensors
+are described and packed in lpjax/models/_hf_fp4_layouts.py; checkpoint directories are read and
+written (the `safetensors` package, `pip install safetensors`) in
+lpjax/models/_hf_checkpoint_files.py.
 
 Examples:
   >>> import jax, tempfile
@@ -49,13 +43,12 @@ import ml_dtypes
 import numpy as np
 
 from lpjax import quant
+from lpjax.models._hf_checkpoint_files import (  # noqa: F401 (re-exported)
+    CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint)
+from lpjax.models._hf_fp4_layouts import FORMATS, QUANT_LAYOUTS, quantization_config
 from lpjax.models.llama import LlamaConfig, abstract_model, init_params  # noqa: F401 (examples)
 from lpjax.quant import QuantPolicy, path_str
 
-CONFIG = "config.json"
-SINGLE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
-QUANT_LAYOUTS = ("mxfp4", "nvfp4")
 # lpjax module path (after the block) -> Hugging Face module name (after "model.layers.{i}.")
 _BLOCK = {
     "attn/q_proj": "self_attn.q_proj", "attn/k_proj": "self_attn.k_proj",
@@ -64,23 +57,6 @@ _BLOCK = {
     "mlp/down_proj": "mlp.down_proj",
     "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
 }
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-           "F8_E4M3": ml_dtypes.float8_e4m3fn, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
-           "I32": np.int32, "I64": np.int64, "BOOL": np.bool_}
-
-
-class CheckpointError(ValueError):
-  """A checkpoint directory that does not hold the model it claims (names every problem)."""
-
-
-def _safetensors():
-  try:
-    import safetensors  # noqa: PLC0415 -- optional: only checkpoint import / export need it
-    import safetensors.numpy  # noqa: PLC0415
-  except ImportError as error:
-    raise ImportError("Reading and writing Hugging Face checkpoints needs the safetensors package: "
-                      "pip install safetensors==0.7.0 (it is in requirements.txt).") from error
-  return safetensors
 
 
 # --- config ----------------------------------------------------------------------------------
@@ -137,68 +113,6 @@ def hf_config(cfg: LlamaConfig, dtype: str = "bfloat16") -> dict:
           "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_scaling": None,
           "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
           "tie_word_embeddings": False, "torch_dtype": dtype}
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-def read_tensors(path: str) -> dict[str, np.ndarray]:
-  """Every tensor of a checkpoint directory: model.safetensors, or the shards that
-  model.safetensors.index.json names (or every *.safetensors file when neither exists)."""
-  st = _safetensors()
-  if os.path.exists(os.path.join(path, INDEX)):
-    with open(os.path.join(path, INDEX)) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-  elif os.path.exists(os.path.join(path, SINGLE)):
-    files = [SINGLE]
-  else:
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-  if not files:
-    raise CheckpointError(f"{path} holds no safetensors file ({SINGLE}, or shards named in "
-                          f"{INDEX}).")
-  out = {}
-  for name in files:
-    file = os.path.join(path, name)
-    try:  # memory-mapped, one tensor at a time
-      with st.safe_open(file, framework="numpy") as f:
-        out.update({key: f.get_tensor(key) for key in f.keys()})
-    except (AttributeError, TypeError, KeyError):  # a dtype numpy lacks (FP8 scales): by hand
-      with open(file, "rb") as f:
-        for key, t in st.deserialize(f.read()):
-          if t["dtype"] not in _DTYPES:
-            raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax "
-                                  f"does not read ({', '.join(_DTYPES)}).") from None
-          out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
-  return out
-
-
-def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
-                     max_shard_bytes: int | None = None) -> list[str]:
-  """Writes config.json and the tensors (one model.safetensors, or shards of at most
-  `max_shard_bytes` with model.safetensors.index.json); returns the safetensors file names."""
-  st = _safetensors()
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, CONFIG), "w") as f:
-    json.dump(config, f, indent=2)
-  shards, size = [{}], 0
-  for key in sorted(tensors):
-    n = tensors[key].nbytes
-    if max_shard_bytes and shards[-1] and size + n > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][key] = np.ascontiguousarray(tensors[key])
-    size += n
-  if len(shards) == 1:
-    names = [SINGLE]
-  else:
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
-    with open(os.path.join(path, INDEX), "w") as f:
-      json.dump({"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
-                 "weight_map": weight_map}, f, indent=2)
-  for name, shard in zip(names, shards):
-    st.numpy.save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
-  return names
 
 
 # --- lpjax params <-> Hugging Face tensors ----------------------------------------------------
@@ -301,51 +215,6 @@ def _flat_params(params) -> dict[str, np.ndarray]:
   return out
 
 
-def _pack_mxfp4(w: quant.PackedWeight) -> dict[str, np.ndarray]:
-  out_dim, n_in = w.shape
-  blocks = -(-n_in // 32)
-  codes = np.zeros((out_dim, blocks * 16), np.uint8)
-  codes[:, :w.codes.shape[1]] = w.codes
-  return {"weight_blocks": codes.reshape(out_dim, blocks, 16),
-          "weight_scales": np.asarray(w.scales, np.uint8)}
-
-
-def _pack_nvfp4(w: quant.PackedWeight) -> dict[str, np.ndarray]:
-  out_dim, n_in = w.shape
-  scales = np.asarray(w.scales, np.uint8)
-  if w.format.tile:  # one scale per 16x16 tile: the same for each of its 16 rows
-    scales = np.repeat(scales, 16, axis=0)[:out_dim]
-  amax = np.float32(w.tensor_scale)
-  return {"weight": np.asarray(w.codes, np.uint8),
-          "weight_scale": scales.view(ml_dtypes.float8_e4m3fn),
-          "weight_scale_2": np.asarray(amax / np.float32(2688.0), np.float32)}
-
-
-_FORMATS = {  # layout -> (what the format must be, packer)
-    "mxfp4": (lambda f: (f.element.name, f.scale, f.block_size, f.tile, f.tensor_scale)
-              == ("e2m1", "e8m0", 32, False, False), _pack_mxfp4),
-    "nvfp4": (lambda f: (f.element.name, f.scale, f.block_size, f.tensor_scale)
-              == ("e2m1", "ue4m3", 16, True), _pack_nvfp4),
-}
-
-
-def quantization_config(layout: str, kept: list[str], requantized: list[str] = ()) -> dict:
-  """The `quantization_config` of config.json for `layout`, `kept`: the modules left in bf16;
-  `requantized`: why packed weights are not the training forward's values (see `export_tensors`),
-  recorded under "lpjax_requantized" (absent when the packed values are the forward's)."""
-  if layout == "mxfp4":
-    config = {"quant_method": "mxfp4", "modules_to_not_convert": kept}
-  else:
-    config = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-              "exclude_modules": kept, "kv_cache_quant_algo": None}
-  if requantized:
-    config["lpjax_requantized"] = {
-        "values": "round-to-nearest-even of the trained weights in this format, NOT the values "
-                  "the training forward pass multiplied",
-        "why": sorted(set(requantized))}
-  return config
-
-
 def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
                    policy: QuantPolicy | None = None,
                    requantize: bool = False) -> tuple[dict, dict]:
@@ -371,7 +240,7 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     if not packed:
       raise ValueError(f"--format={layout}: the policy quantizes no linear weight (its last step "
                        "ran every layer in high precision); export bf16.")
-    fits, _ = _FORMATS[layout]
+    fits, _ = FORMATS[layout]
     wrong = sorted({w.recipe + " (" + w.format.name + ")" for w in packed.values()
                     if not fits(w.format)})
     if wrong:
@@ -386,7 +255,7 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     canonical = f"layers/{name.split('/', 2)[2]}" if block is not None else name
     hf = _hf_name(canonical, block)
     if name in packed:
-      for suffix, t in _FORMATS[layout][1](packed[name]).items():
+      for suffix, t in FORMATS[layout][1](packed[name]).items():
         tensors[hf[:-len("weight")] + suffix] = t
       continue
     if layout in QUANT_LAYOUTS and name.endswith("kernel"):

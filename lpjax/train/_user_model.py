@@ -26,6 +26,11 @@ parameter paths, axes) pairs as lpjax's models have, or `nnx.with_partitioning` 
 that axis, which the mesh's fsdp axis splits). 2-D weights are gathered as FP4 codes and scales
 under fsdp (`quant.gather_quantized_weights`), as lpjax's own layers are.
 
+This module holds `UserModel` (the model built, its pure forward pass in training and evaluation,
+its output checks) and `user_model`. The factory is found and called in
+lpjax/train/_user_factory.py; the parameters' logical axes and partition rules come from
+lpjax/train/_user_model_axes.py.
+
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> from flax import nnx
@@ -42,9 +47,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import re
 from typing import Callable, NamedTuple
 
 import flax
@@ -53,75 +56,16 @@ from flax import linen as nn
 from flax import nnx
 
 from lpjax import quant
+from lpjax.train import _user_model_axes as model_axes
 from lpjax.train import config as cfg_lib
-from lpjax.train._sharding import LOGICAL_RULES, logical_axes_for
+from lpjax.train._user_factory import (  # noqa: F401 (FACTORY_ARGS, factory_kwargs: re-exported)
+    FACTORY_ARGS, call_factory, factory_kwargs, load_factory)
 
-FACTORY_ARGS = ("vocab_size", "seq_len", "num_classes", "image_shape", "config", "rngs")
 # linen's train / eval switches, by name, and the value that each takes in training
 _MODE_NAMES = {"train": True, "training": True, "is_training": True, "deterministic": False,
                "use_running_average": False}
 _RNG_TAG = 0x5EED  # fold_in tag of the model's own rng streams (dropout) from the step's key
 _DROPOUT, _OTHER_STREAMS = 0, 1  # linen: "dropout" and "params" (every other stream falls back)
-
-
-def load_factory(spec: str) -> Callable:
-  """"package.module:function" -> the function; a ConfigError that says what is wrong."""
-  module_name, sep, attr = spec.partition(":")
-  if not sep or not module_name or not attr:
-    raise cfg_lib.ConfigError(f"model.factory={spec!r}: write 'package.module:function' (a "
-                              "function that returns a Flax module), e.g. 'mypkg.models:build'.")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise cfg_lib.ConfigError(f"model.factory={spec!r}: cannot import {module_name!r} ({e}). Is "
-                              "its package installed, or its folder on PYTHONPATH?") from None
-  fn = getattr(module, attr, None)
-  if not callable(fn):
-    raise cfg_lib.ConfigError(f"model.factory={spec!r}: {module_name} has no function {attr!r}.")
-  return fn
-
-
-def factory_kwargs(factory: Callable, available: dict, spec: str = "") -> dict:
-  """The keyword arguments of `available` that `factory` takes (all of them for **kwargs); a
-  ConfigError naming what the trainer passes when the factory needs an argument it does not.
-
-  Examples:
-    >>> factory_kwargs(lambda vocab_size, rngs=None: None, {"vocab_size": 5, "seq_len": 8})
-    {'vocab_size': 5}
-    >>> factory_kwargs(lambda vocab, dim: None, {"vocab_size": 5, "seq_len": 8}, "m:build")
-    Traceback (most recent call last):
-    ...
-    lpjax.train._config_schema.ConfigError: model.factory='m:build': <lambda>() needs the
-    argument(s) vocab, dim, which the trainer does not pass. The trainer passes by keyword those
-    of vocab_size, seq_len that the factory takes: ...
-  """
-  try:
-    params = inspect.signature(factory).parameters
-  except (TypeError, ValueError):  # no signature to read (a builtin): pass everything
-    return dict(available)
-  takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
-  by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-  kwargs = {k: v for k, v in available.items()
-            if takes_all or (k in params and params[k].kind in by_name)}
-  missing = [name for name, p in params.items()
-             if p.default is p.empty and name not in kwargs
-             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-  if missing:
-    name = getattr(factory, "__name__", type(factory).__name__)
-    raise cfg_lib.ConfigError(
-        f"model.factory={spec!r}: {name}() needs the argument(s) {', '.join(missing)}, which the "
-        f"trainer does not pass. The trainer passes by keyword those of {', '.join(available)} "
-        "that the factory takes: rename the factory's arguments to these names, or give the "
-        "others default values.")
-  return kwargs
-
-
-def _call_factory(factory: Callable, available: dict, spec: str = ""):
-  model = factory(**factory_kwargs(factory, available, spec))
-  if not isinstance(model, (nn.Module, nnx.Module)):
-    raise cfg_lib.ConfigError(f"model.factory returned {type(model).__name__}; it must return a "
-                              "Flax linen or NNX module.")
-  return model
 
 
 class Expected(NamedTuple):
@@ -151,7 +95,7 @@ class UserModel:
     self.class_name = type(self._module).__name__
     params, state = probe
     self._abstract = probe
-    self.partition_rules, self.weight_axes = _rules(params, self._names)
+    self.partition_rules, self.weight_axes = model_axes.partition_rules(params, self._names)
     self._stacked = None  # parameter paths of stacked layers, found on first use
     if expected is not None:
       self._check_output(expected)
@@ -160,24 +104,24 @@ class UserModel:
     """(module, params, model_state) built from `key`."""
     available = dict(self.available)
     available["rngs"] = nnx.Rngs(key)
-    model = _call_factory(self.factory, available, self.spec)
+    model = call_factory(self.factory, available, self.spec)
     self._nnx = isinstance(model, nnx.Module)
     self._module = model
     rules = getattr(model, "partition_rules", None)  # the model's own (regex, logical axes)
     if self._nnx:
-      self._names = _nnx_axis_names(model)
+      self._names = model_axes.nnx_axis_names(model)
       graphdef, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
       self._graphdef = graphdef
       # the rng streams (nnx.Dropout's) are not state: each step draws them from its own key
       self._rng_template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), rngs)
-      self._names.update(_axes_by_rules(params, rules))
+      self._names.update(model_axes.axes_by_rules(params, rules))
       return model, params, (rest if jax.tree.leaves(rest) else None)
     self._linen = model
     variables = self._module_in(False).init(key, self.example, **_mode_kwargs(model, False))
-    self._names = _linen_axis_names(variables.get("params", {}))
+    self._names = model_axes.linen_axis_names(variables.get("params", {}))
     variables = nn.meta.unbox(variables)
     params = variables.pop("params", {})
-    self._names.update(_axes_by_rules(params, rules))
+    self._names.update(model_axes.axes_by_rules(params, rules))
     return model, params, dict(variables) or None
 
   def init_variables(self, key):
@@ -283,7 +227,8 @@ class UserModel:
       key = jax.random.key(0)
       self._stacked = quant.stacked_weights(lambda p, s: call(p, s, self.example, key),
                                             *self._abstract)
-    return jax.tree_util.tree_map_with_path(lambda kp, _: _path(kp) in self._stacked, params)
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, _: model_axes.param_path(kp) in self._stacked, params)
 
   def report(self, policy) -> quant.Report:
     """The call sites of one training call with `policy` (`lpjax.quant.report`): which GEMMs
@@ -354,71 +299,6 @@ def _mode_kwargs(module, train: bool) -> dict:
   return {}
 
 
-def _path(kp) -> str:
-  names = []
-  for k in kp:
-    names.append(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))))
-  if names and names[-1] in ("value", "raw_value"):
-    names = names[:-1]
-  return "/".join(names)
-
-
-def _nnx_axis_names(model) -> dict:
-  out = {}
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    meta = var.get_metadata() if hasattr(var, "get_metadata") else {}
-    names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
-    if names and all(n is None or isinstance(n, str) for n in names):
-      out["/".join(str(p) for p in path)] = tuple(names)
-  return out
-
-
-def _linen_axis_names(params) -> dict:
-  out = {}
-  flat = jax.tree_util.tree_flatten_with_path(
-      params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]
-  for kp, leaf in flat:
-    if isinstance(leaf, nn.LogicallyPartitioned):
-      out[_path(kp)] = tuple(leaf.names)
-  return out
-
-
-def _axes_by_rules(params, rules) -> dict:
-  """{path: logical axes} of the parameters that a model's own `partition_rules` attribute
-  ((regex, axes), as lpjax's models declare them) names."""
-  if not rules:
-    return {}
-  out = {}
-  for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    path = _path(kp)
-    axes = logical_axes_for(path, len(getattr(leaf, "shape", ())), rules)
-    if any(a is not None for a in axes):
-      out[path] = axes
-  return out
-
-
-def _rules(params, names: dict) -> tuple[tuple, dict]:
-  """(partition rules {exact path regex: logical axes}, {path: axes of 2-D weights})."""
-  rules, weight_axes = [], {}
-  for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    path, shape = _path(kp), tuple(getattr(leaf, "shape", ()))
-    axes = names.get(path)
-    if axes is None or len(axes) != len(shape) or not all(a is None or a in LOGICAL_RULES
-                                                          for a in axes):
-      axes = _fsdp_axes(shape)
-    rules.append((rf"(^|/){re.escape(path)}(/value)?$", axes))
-    if len(shape) == 2:
-      weight_axes[path] = axes
-  return tuple(rules), weight_axes
-
-
-def _fsdp_axes(shape) -> tuple:
-  """FSDP over the largest dimension; vectors (biases, norm scales) replicated."""
-  if len(shape) < 2:
-    return ("norm",) * len(shape)
-  largest = max(range(len(shape)), key=lambda i: (shape[i], -i))
-  return tuple("embed" if i == largest else None for i in range(len(shape)))
-
 
 def user_model(config, available: dict, example_input,
                expected: Expected | None = None) -> UserModel | None:
@@ -429,4 +309,3 @@ def user_model(config, available: dict, example_input,
     return None
   return UserModel(load_factory(spec), {**available, "config": config}, example_input, spec=spec,
                    expected=expected, task=config.task)
-

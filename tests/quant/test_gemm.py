@@ -141,14 +141,14 @@ def test_16x16_weight_tiles_quantize_transpose_invariantly():
   w = _normal(8, (K, N))
   key = jax.random.key(0)
   recipe = recipes.get("nvfp4")
-  from lpjax.quant.gemm import dot_general as gemm
+  from lpjax.quant.gemm import pass_operands
 
   axes = {}
 
   @jax.jit
   def operands(w):
-    fwd_w, axes["fwd"] = gemm._fwd_operand(w, 1, key, recipe)
-    dgrad_w, axes["dgrad"] = gemm._operand(w, "dgrad", 1, -1, key, recipe)
+    fwd_w, axes["fwd"] = pass_operands.fwd_operand(w, 1, key, recipe)
+    dgrad_w, axes["dgrad"] = pass_operands.pass_operand(w, "dgrad", 1, -1, key, recipe)
     return fwd_w, dgrad_w
 
   fwd_w, dgrad_w = operands(jnp.asarray(w))
