@@ -175,7 +175,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
     if sites is None:
       (_, (loss, new_model_state, aux)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(
           params)
-      return loss, new_model_state, aux, grads
+      return loss, new_model_state, aux, grads, None
     # the monitor's measured step: the same gradients (the GEMMs' own rules), plus statistics
     (_, (loss, new_model_state, aux)), grads, stats = measured_value_and_grad(
         scaled_loss, sites, has_aux=True)(params)
@@ -183,9 +183,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
 
   def train_step(state: TrainState, batch, key, policy, sites=None):
     step_key = jax.random.fold_in(key, state.step)
-    measured = None
     if grad_accum_steps == 1:
-      loss, model_state, aux, grads, *measured = grads_of(
+      loss, model_state, aux, grads, measured = grads_of(
           state.params, state.model_state, batch, step_key, state.step, state.loss_scale, policy,
           sites)
     else:
@@ -198,9 +197,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
       def body(carry, inputs):
         i, mb = inputs
         total_loss, total_grads, model_state = carry
-        loss, model_state, aux, grads = grads_of(state.params, model_state, mb,
-                                                 jax.random.fold_in(step_key, i), state.step,
-                                                 state.loss_scale, policy)
+        loss, model_state, aux, grads, _ = grads_of(state.params, model_state, mb,
+                                                    jax.random.fold_in(step_key, i), state.step,
+                                                    state.loss_scale, policy)
         total_grads = accumulate(total_grads, grads, jax.random.fold_in(accum_key, i))
         return (total_loss + loss, total_grads, model_state), aux
 
@@ -208,12 +207,11 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
       zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, grad_accum_dtype), state.params)
       (loss, grads, model_state), aux = jax.lax.scan(
           body, (jnp.zeros([], jnp.float32), zeros, state.model_state), (jnp.arange(k), micro))
+      measured = None
       if sites is not None:  # the monitor measures microbatch 0 once more: the scan stays as is
-        *_, measured = grads_of(state.params, state.model_state,
-                                jax.tree.map(lambda a: a[0], micro),
-                                jax.random.fold_in(step_key, 0), state.step, state.loss_scale,
-                                policy, sites)
-        measured = [measured]
+        measured = grads_of(state.params, state.model_state, jax.tree.map(lambda a: a[0], micro),
+                            jax.random.fold_in(step_key, 0), state.step, state.loss_scale,
+                            policy, sites)[-1]
       loss = loss / k
       aux = jax.tree.map(lambda a: jnp.mean(a, axis=0), aux)
       grads = jax.tree.map(lambda g, p: (g / k).astype(p.dtype), grads, state.params)
@@ -244,7 +242,7 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, nan_
     if loss_scale is not None:
       metrics["loss_scale"] = loss_scale.loss_scale
     if sites is not None:
-      return new_state, metrics, measured[0]
+      return new_state, metrics, measured
     return new_state, metrics
 
   return train_step
