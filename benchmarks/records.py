@@ -1,0 +1,156 @@
+"""Result records: the stored source of every headline figure in README.md and docs/results.md.
+
+A benchmark that produces a headline figure writes a small JSON record into `docs/results/records/`
+(`--record` on the benchmark): the figures, the exact command, the git commit, the date, the
+machine and the versions. The docs name the record next to each figure they state, as an HTML
+comment right after the number, which a reader of the rendered page does not see:
+
+    **0.260x**<!-- record: weight_gather.gather_vs_bf16 --> the bytes of bf16 gathers
+
+`tests/test_result_records.py` reads every such comment in README.md and docs/*.md, checks that the
+number just before it equals the record's figure at the precision the doc prints, and fails on
+any figure inside a `<!-- records: begin -->` ... `<!-- records: end -->` region that names no
+record. Figures of runs too long to repeat (training sweeps) are records written from the stored
+tables, with `source` saying where they were transcribed from.
+
+Example (a record written into a temporary folder; no jax needed):
+
+>>> import json, tempfile
+>>> folder = tempfile.mkdtemp()
+>>> path = write_record("demo", {"ratio": 0.2603}, "python benchmarks/demo.py", directory=folder)
+>>> record = json.load(open(path))
+>>> record["figures"], record["command"], sorted(record)[:3]
+({'ratio': 0.2603}, 'python benchmarks/demo.py', ['command', 'commit', 'date'])
+>>> read_record("demo", directory=folder)["name"]
+'demo'
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORDS_DIR = os.path.join(ROOT, "docs", "results", "records")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+def git_commit(root: str = ROOT) -> tuple[str | None, bool | None]:
+  """(HEAD's commit, whether the work tree has uncommitted changes); (None, None) without git."""
+  try:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                            text=True, timeout=30)
+    if commit.returncode != 0:
+      return None, None
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                            capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return None, None
+  dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+  return commit.stdout.strip(), dirty
+
+
+def machine() -> dict:
+  """What ran the benchmark: OS, CPU architecture and name, core count (no host name)."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    cpu = names[0] if names else cpu
+  except OSError:
+    pass
+  return {"system": platform.system(), "arch": platform.machine(), "cpu": cpu,
+          "cpus": os.cpu_count()}
+
+
+def versions() -> dict:
+  """Python's version and, where they are imported already, jax's and jaxlib's."""
+  out = {"python": platform.python_version()}
+  for module in ("jax", "jaxlib"):
+    if module in sys.modules:
+      out[module] = getattr(sys.modules[module], "__version__", None)
+  return out
+
+
+def command_line(argv: list[str] | None = None) -> str:
+  """The command that ran this process, with the script's path relative to the repository."""
+  argv = list(sys.argv if argv is None else argv)
+  script = os.path.abspath(argv[0]) if argv else ""
+  if script.startswith(ROOT + os.sep):
+    argv[0] = os.path.relpath(script, ROOT)
+  return " ".join(["python", *(shlex.quote(a) for a in argv)])
+
+
+def _check_figures(figures: dict) -> dict:
+  if not isinstance(figures, dict) or not figures:
+    raise ValueError(f"figures must be a non-empty dict of name -> number, got {figures!r}.")
+  out = {}
+  for key, value in figures.items():
+    if not isinstance(key, str) or not _NAME.match(key):
+      raise ValueError(f"figure name {key!r}: use lower-case letters, digits and '_'.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+      raise ValueError(f"figure {key!r} is {value!r}; a figure is a finite int or float "
+                       "(store it in the unit the docs print: %, GiB, x).")
+    out[key] = int(value) if isinstance(value, int) else float(value)
+  return out
+
+
+def write_record(name: str, figures: dict, command: str | None = None, *, source: str = "measured",
+                 notes: str = "", directory: str | None = None) -> str:
+  """Writes `<directory>/<name>.json` (default docs/results/records/) and returns its path.
+
+  name: the record's name, as the docs cite it (`<!-- record: NAME.FIGURE -->`).
+  figures: figure name -> number, in the unit the docs print (a ratio, %, GiB).
+  command: the exact command that produced the figures (default: this process's command line).
+  source: "measured" when this process measured them; for a record written from stored output,
+    where it came from (e.g. "transcribed from commit 7762c06, docs/numerics_monitor.md").
+  notes: free text (what the figures are, the setting).
+  The record adds the git commit (None without git; `dirty` when the tree had uncommitted
+  changes), the UTC date, the machine and the Python / jax versions.
+  """
+  if not isinstance(name, str) or not _NAME.match(name):
+    raise ValueError(f"record name {name!r}: use lower-case letters, digits and '_' (it is the "
+                     "file name and the docs cite it).")
+  commit, dirty = git_commit()
+  record = {
+      "name": name,
+      "figures": _check_figures(figures),
+      "command": command if command is not None else command_line(),
+      "source": source,
+      "commit": commit,
+      "dirty": dirty,
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+      "machine": machine(),
+      "versions": versions(),
+  }
+  if notes:
+    record["notes"] = notes
+  directory = directory or RECORDS_DIR
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"{name}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=2)
+    f.write("\n")
+  os.replace(path + ".tmp", path)
+  return path
+
+
+def read_record(name: str, directory: str | None = None) -> dict:
+  """The record `name` (docs/results/records/<name>.json unless `directory`)."""
+  path = os.path.join(directory or RECORDS_DIR, f"{name}.json")
+  with open(path) as f:
+    return json.load(f)
+
+
+def add_record_argument(parser, default_name: str) -> None:
+  """`--record [NAME]`: write this run's figures as record NAME (default `default_name`)."""
+  parser.add_argument("--record", nargs="?", const=default_name, default=None, metavar="NAME",
+                      help=f"write the figures to docs/results/records/NAME.json (default name "
+                           f"{default_name}); the docs' headline figures are checked against it")
