@@ -42,8 +42,10 @@ RECORDS_DIR = os.path.join(ROOT, "docs", "results", "records")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
 
-def git_commit(root: str = ROOT) -> tuple[str | None, bool | None]:
-  """(HEAD's commit, whether the work tree has uncommitted changes); (None, None) without git."""
+def git_commit(root: str | None = None) -> tuple[str | None, bool | None]:
+  """(HEAD's commit, whether the work tree has uncommitted changes) of `root` (default: this
+  repository); (None, None) without git or outside a git repository."""
+  root = root or ROOT
   try:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                             text=True, timeout=30)
@@ -103,7 +105,7 @@ def _check_figures(figures: dict) -> dict:
 
 
 def write_record(name: str, figures: dict, command: str | None = None, *, source: str = "measured",
-                 notes: str = "", directory: str | None = None) -> str:
+                 notes: str = "", commit: str | None = None, directory: str | None = None) -> str:
   """Writes `<directory>/<name>.json` (default docs/results/records/) and returns its path.
 
   name: the record's name, as the docs cite it (`<!-- record: NAME.FIGURE -->`).
@@ -112,13 +114,16 @@ def write_record(name: str, figures: dict, command: str | None = None, *, source
   source: "measured" when this process measured them; for a record written from stored output,
     where it came from (e.g. "transcribed from commit 7762c06, docs/numerics_monitor.md").
   notes: free text (what the figures are, the setting).
-  The record adds the git commit (None without git; `dirty` when the tree had uncommitted
-  changes), the UTC date, the machine and the Python / jax versions.
+  commit: the commit that produced the figures, for a transcribed record; by default the record
+    takes HEAD's (None without git; `dirty` says whether the tree had uncommitted changes).
+  The record adds the UTC date, the machine and the Python / jax versions of this process.
   """
   if not isinstance(name, str) or not _NAME.match(name):
     raise ValueError(f"record name {name!r}: use lower-case letters, digits and '_' (it is the "
                      "file name and the docs cite it).")
-  commit, dirty = git_commit()
+  dirty = None
+  if commit is None:
+    commit, dirty = git_commit()
   record = {
       "name": name,
       "figures": _check_figures(figures),
@@ -154,3 +159,117 @@ def add_record_argument(parser, default_name: str) -> None:
   parser.add_argument("--record", nargs="?", const=default_name, default=None, metavar="NAME",
                       help=f"write the figures to docs/results/records/NAME.json (default name "
                            f"{default_name}); the docs' headline figures are checked against it")
+
+
+# --- The docs' side: which figure cites which record -------------------------------------------
+
+# `<!-- record: NAME.FIGURE -->` right after a number (at most a unit and markup in between).
+CITATION = re.compile(r"<!--\s*record:\s*([a-z0-9_]+)\.([a-z0-9_]+)\s*-->")
+# A region of a doc where every figure must cite a record.
+GUARD_BEGIN, GUARD_END = "<!-- records: begin -->", "<!-- records: end -->"
+_NUMBER = re.compile(r"(?<![\w.])([+\-\u2212]?)(\d+(?:\.\d+)?)")
+_UNIT_GAP = 8  # characters allowed between a number and its citation: "x**", " GiB", "%"
+
+
+def _masked(text: str) -> str:
+  """`text` with HTML comments and link targets blanked (same length), so that their digits are
+  never read as figures."""
+  blank = lambda m: " " * len(m.group(0))
+  text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
+  return re.sub(r"\]\([^)\s]*\)", lambda m: "]" + " " * (len(m.group(0)) - 1), text)
+
+
+def cited_figures(text: str) -> list[dict]:
+  """Every citation of `text`: {record, figure, number (as printed, sign included), line}.
+
+  The number is the last one before the citation on its line, ending at most a few characters
+  (a unit, `**`) before it; a citation with no such number is returned with number None.
+
+  >>> [(c["record"], c["figure"], c["number"]) for c in cited_figures(
+  ...     "gathers **0.260x**<!-- record: wg.ratio --> of bf16, -0.29%<!-- record: r.nv -->")]
+  [('wg', 'ratio', '0.260'), ('r', 'nv', '-0.29')]
+  """
+  out = []
+  masked = _masked(text)
+  for m in CITATION.finditer(text):
+    line_start = text.rfind("\n", 0, m.start()) + 1
+    numbers = list(_NUMBER.finditer(masked, line_start, m.start()))
+    number = None
+    if numbers and m.start() - numbers[-1].end() <= _UNIT_GAP:
+      sign, digits = numbers[-1].groups()
+      number = ("-" if sign in ("-", "\u2212") else "") + digits
+    out.append({"record": m.group(1), "figure": m.group(2), "number": number,
+                "line": text.count("\n", 0, m.start()) + 1})
+  return out
+
+
+def uncited_figures(text: str) -> list[tuple[int, str]]:
+  """(line, figure) of every figure inside a guarded region that cites no record. A figure is a
+  number with a decimal point, or one followed by % or x; counts of steps, seeds, devices are not.
+
+  >>> uncited_figures("a 1.5x<!-- record: r.a --> b\\n<!-- records: begin -->\\n"
+  ...                 "3 seeds: 0.275x, +4.4%<!-- record: r.b -->, see [x](y.md#v1.2)\\n"
+  ...                 "<!-- records: end -->\\n0.9 outside")
+  [(3, '0.275')]
+  """
+  masked = _masked(text)
+  out = []
+  for begin in re.finditer(re.escape(GUARD_BEGIN), text):
+    end = text.find(GUARD_END, begin.end())
+    if end < 0:
+      out.append((text.count("\n", 0, begin.start()) + 1, f"{GUARD_BEGIN} without {GUARD_END}"))
+      continue
+    for m in _NUMBER.finditer(masked, begin.end(), end):
+      after = masked[m.end():m.end() + 1]
+      if "." not in m.group(2) and after not in ("%", "x"):
+        continue
+      if not CITATION.match(text, m.end() + len(re.match(r"[^\d\n<]{0,%d}" % _UNIT_GAP,
+                                                              text[m.end():]).group(0))):
+        out.append((text.count("\n", 0, m.start()) + 1, m.group(1) + m.group(2)))
+  return out
+
+
+def printed(value: float, number: str) -> str:
+  """`value` printed as the doc prints `number` (its decimals): 0.2603 as '0.260' for '0.275'.
+
+  >>> printed(0.26031, "0.275"), printed(-0.2904, "-0.29"), printed(104.3, "104")
+  ('0.260', '-0.29', '104')
+  """
+  decimals = len(number.split(".")[1]) if "." in number else 0
+  text = f"{value:.{decimals}f}"
+  return "0" + text[2:] if text.startswith("-0") and float(text) == 0 else text
+
+
+def check_text(text: str, load=read_record) -> list[str]:
+  """The problems of a doc's figures: a citation whose number differs from its record's figure
+  (at the doc's precision), names a missing record or figure, or follows no number; a figure in a
+  guarded region that cites no record. `load(name)` returns a record (default: read_record)."""
+  problems = []
+  cache = {}
+  for c in cited_figures(text):
+    where = f"line {c['line']} ({c['record']}.{c['figure']})"
+    if c["number"] is None:
+      problems.append(f"{where}: no number right before the citation")
+      continue
+    if c["record"] not in cache:
+      try:
+        cache[c["record"]] = load(c["record"])
+      except FileNotFoundError:
+        cache[c["record"]] = None
+    record = cache[c["record"]]
+    if record is None:
+      problems.append(f"{where}: no record {c['record']!r} in docs/results/records/")
+      continue
+    figures = record.get("figures", {})
+    if c["figure"] not in figures:
+      problems.append(f"{where}: record {c['record']!r} has no figure {c['figure']!r} (it has "
+                      f"{', '.join(sorted(figures))})")
+      continue
+    want = printed(figures[c["figure"]], c["number"])
+    if want != c["number"].lstrip("+"):
+      problems.append(f"{where}: the doc says {c['number']}, the record says {want} "
+                      f"({figures[c['figure']]!r}, from `{record.get('command')}`)")
+  for line, figure in uncited_figures(text):
+    problems.append(f"line {line}: {figure} in a records region cites no record (add "
+                    "<!-- record: NAME.FIGURE --> after it)")
+  return problems
