@@ -42,21 +42,32 @@ RECORDS_DIR = os.path.join(ROOT, "docs", "results", "records")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
 
+# Paths whose uncommitted edits do not make a measurement "dirty" (they are not code).
+_NOT_CODE = ("docs", "notebooks", "*.md")
+
+
 def git_commit(root: str | None = None) -> tuple[str | None, bool | None]:
-  """(HEAD's commit, whether the work tree has uncommitted changes) of `root` (default: this
-  repository); (None, None) without git or outside a git repository."""
+  """(HEAD's commit, whether tracked code has uncommitted changes: edits under docs/, notebooks/
+  and of *.md files do not count) of `root` (default: this repository); (None, None) without git
+  or outside a git repository."""
   root = root or ROOT
   try:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                             text=True, timeout=30)
     if commit.returncode != 0:
       return None, None
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                             *(f":(exclude){p}" for p in _NOT_CODE)], cwd=root,
                             capture_output=True, text=True, timeout=30)
   except (OSError, subprocess.SubprocessError):
     return None, None
   dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
   return commit.stdout.strip(), dirty
+
+
+# The commit of the code this process loaded: a benchmark imports this module at its start, and the
+# tree may move on while it runs (minutes to hours).
+AT_START = git_commit()
 
 
 def machine() -> dict:
@@ -114,8 +125,9 @@ def write_record(name: str, figures: dict, command: str | None = None, *, source
   source: "measured" when this process measured them; for a record written from stored output,
     where it came from (e.g. "transcribed from commit 7762c06, docs/numerics_monitor.md").
   notes: free text (what the figures are, the setting).
-  commit: the commit that produced the figures, for a transcribed record; by default the record
-    takes HEAD's (None without git; `dirty` says whether the tree had uncommitted changes).
+  commit: the commit that produced the figures, for a transcribed record; by default HEAD's when
+    this module was imported, i.e. when the benchmark started (None without git; `dirty` says
+    whether its code had uncommitted changes then).
   The record adds the UTC date, the machine and the Python / jax versions of this process.
   """
   if not isinstance(name, str) or not _NAME.match(name):
@@ -123,7 +135,7 @@ def write_record(name: str, figures: dict, command: str | None = None, *, source
                      "file name and the docs cite it).")
   dirty = None
   if commit is None:
-    commit, dirty = git_commit()
+    commit, dirty = AT_START
   record = {
       "name": name,
       "figures": _check_figures(figures),
