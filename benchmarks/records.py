@@ -116,8 +116,10 @@ def _check_figures(figures: dict) -> dict:
 
 
 def write_record(name: str, figures: dict, command: str | None = None, *, source: str = "measured",
-                 notes: str = "", commit: str | None = None, directory: str | None = None) -> str:
-  """Writes `<directory>/<name>.json` (default docs/results/records/) and returns its path.
+                 notes: str = "", commit: str | None = None, machine_info: dict | str | None = None,
+                 version_info: dict | None = None, directory: str | None = None) -> str:
+  """Writes `<directory>/<name>.json` and returns its path (default directory: $LPJAX_RECORDS_DIR,
+  else docs/results/records/).
 
   name: the record's name, as the docs cite it (`<!-- record: NAME.FIGURE -->`).
   figures: figure name -> number, in the unit the docs print (a ratio, %, GiB).
@@ -128,7 +130,9 @@ def write_record(name: str, figures: dict, command: str | None = None, *, source
   commit: the commit that produced the figures, for a transcribed record; by default HEAD's when
     this module was imported, i.e. when the benchmark started (None without git; `dirty` says
     whether its code had uncommitted changes then).
-  The record adds the UTC date, the machine and the Python / jax versions of this process.
+  machine_info, version_info: what ran a transcribed record's figures (as its source states);
+    a measured record takes this process's machine and Python / jax versions.
+  The record adds the UTC date (of the measurement, or of the transcription).
   """
   if not isinstance(name, str) or not _NAME.match(name):
     raise ValueError(f"record name {name!r}: use lower-case letters, digits and '_' (it is the "
@@ -144,12 +148,12 @@ def write_record(name: str, figures: dict, command: str | None = None, *, source
       "commit": commit,
       "dirty": dirty,
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-      "machine": machine(),
-      "versions": versions(),
+      "machine": machine_info if machine_info is not None or source != "measured" else machine(),
+      "versions": version_info if version_info is not None or source != "measured" else versions(),
   }
   if notes:
     record["notes"] = notes
-  directory = directory or RECORDS_DIR
+  directory = directory or os.environ.get("LPJAX_RECORDS_DIR") or RECORDS_DIR
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, f"{name}.json")
   with open(path + ".tmp", "w") as f:

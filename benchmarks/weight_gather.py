@@ -82,14 +82,11 @@ def main():
     print(f"| {on} | {total(d) / mib:.0f} | {parts} | {secs:.0f} |")
   print(f"after / before: {total(after) / total(before):.3f}; after / (before's gathers at bf16): "
         f"{total(after) / as_bf16:.3f} (goal <= 0.35)")
-  print(json.dumps({"config": ARGS.config, "devices": len(devices),
-                    "before_bytes": total(before), "after_bytes": total(after),
-                    "before_as_bf16_bytes": as_bf16, "before": before, "after": after}))
   if ARGS.record:
     gib = 2.0**30
     path = write_record(ARGS.record, {
         "before_gib": total(before) / gib, "after_gib": total(after) / gib,
-        "after_uint8_gib": after.get("u8", 0) / gib,
+        "after_uint8_gib": after.get("u8", 0) / gib, "after_f32_gib": after.get("f32", 0) / gib,
         "gather_vs_f32": total(after) / total(before), "gather_vs_bf16": total(after) / as_bf16,
         "before_bytes": total(before), "after_bytes": total(after),
         "before_as_bf16_bytes": as_bf16},
@@ -97,6 +94,9 @@ def main():
               f"gather_quantized_weights off (before) and on (after); {len(devices)} devices, "
               f"overrides {ARGS.set or 'none'}")
     print(f"record: {path}")
+  print(json.dumps({"config": ARGS.config, "devices": len(devices),
+                    "before_bytes": total(before), "after_bytes": total(after),
+                    "before_as_bf16_bytes": as_bf16, "before": before, "after": after}))
 
 
 if __name__ == "__main__":

@@ -13,15 +13,24 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import llama_memory  # noqa: E402
 
 
-def test_last_line_is_the_json_result():
+def test_last_line_is_the_json_result_and_record_holds_its_figures(tmp_path):
   out = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "llama_memory.py"),
-       "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+       "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512", "--record=tiny_mem"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+      env=dict(os.environ, LPJAX_RECORDS_DIR=str(tmp_path))).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result["devices"] == 8
   assert result["per_device_bytes"] > 0 and result["baseline_per_device_bytes"] > 0
   assert abs(result["ratio"] - result["per_device_bytes"] / result["baseline_per_device_bytes"]) < 1e-9
+  record = json.loads((tmp_path / "tiny_mem.json").read_text())
+  figures = record["figures"]
+  assert figures["per_device_bytes"] == result["per_device_bytes"]
+  assert figures["per_device_gib"] == result["per_device_bytes"] / 2**30
+  assert figures["baseline_gib"] == result["baseline_per_device_bytes"] / 2**30
+  assert figures["ratio"] == result["ratio"]
+  assert record["command"] == ("python benchmarks/llama_memory.py --config=configs/llama_tiny_mxfp4.py "
+                               "--devices=8 --vocab=512 --record=tiny_mem")
 
 
 def test_remat_and_fsdp_lower_the_per_device_memory():
