@@ -96,11 +96,16 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
 
 
 def baseline_of(config):
+  """The FP32 Adam baseline of `config`: the same model, batch, mesh, remat and microbatches with
+  Adam as the AdamW configs run it (global-norm clipping at 1.0, whatever the config's optimizer
+  uses), no quantization and float32 throughout."""
   base = config.copy_and_resolve_references()
   with base.unlocked():
     base.quant.recipe = "fp32"
     base.quant.residuals = ""
     base.optimizer.name = "adam"
+    base.optimizer.grad_clip = 1.0  # not the FP4 configs' Stable-SPAM settings (clipping off)
+    base.optimizer.total_steps = 0
     base.optimizer.state_dtype = "float32"
     base.model.compute_dtype = "float32"
     base.model.param_dtype = "float32"

@@ -74,3 +74,14 @@ def test_sharding_hints_benchmark_runs():
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result["step_s_with_hints"] > 0 and result["step_s_without_hints"] > 0
+
+
+def test_the_baseline_is_adam_with_the_adamw_configs_clipping():
+  """The FP4 configs run Stable-SPAM without global clipping; their FP32 Adam baseline clips at
+  1.0 as the AdamW configs do (before, it inherited the config's 0 and ran an unusual Adam)."""
+  config = llama_memory.load_config(os.path.join(ROOT, "configs", "llama_1b_mxfp4.py"))
+  assert config.optimizer.grad_clip == 0 and config.optimizer.total_steps == -1
+  base = llama_memory.baseline_of(config)
+  assert base.optimizer.name == "adam" and base.optimizer.state_dtype == "float32"
+  assert base.optimizer.grad_clip == 1.0 and base.optimizer.total_steps == 0
+  assert config.optimizer.grad_clip == 0  # the config itself is unchanged
