@@ -1,4 +1,4 @@
-"""The precision advisor against the name-based defaults on LLaMA-tiny (issue 49, item 4).
+"""The precision advisor against the name-based defaults on LLaMA-tiny.
 
 At the same high-precision FLOP budget as the default keep list, the final eval loss of:
 - `default`: the default keep list (embeddings, LM head, attention score / value products in bf16;
@@ -22,10 +22,14 @@ each (recipe, seed) is kept in `<root>/<recipe>/advice/seed<seed>.txt` (+ .md: t
     python benchmarks/advisor_vs_defaults.py --steps=300 --seeds=0,1,2 --recipes=mxfp4 \\
         --arms=default,advised          # a subset (the config's own 300 steps)
     python benchmarks/advisor_vs_defaults.py --report_only   # the table of what has finished
+    python benchmarks/advisor_vs_defaults.py --steps=1000 --seeds=0,1,2 --recipes=mxfp4,quartet \\
+        --arms=default,advised_ckpt --report_only --record   # + docs/results/records/ (below)
 
 Prints a markdown table: per recipe and arm, the mean ± std over seeds of the final eval loss
 (the run's own precision; `final_eval_loss` of results.json), the per-seed values, and the fraction
-of GEMM FLOPs kept in high precision.
+of GEMM FLOPs kept in high precision. `--record [NAME]` also writes each arm's mean, std and
+per-seed losses to docs/results/records/NAME.json (default advisor_vs_defaults_<steps>), the record
+the docs' advisor figures cite (benchmarks/records.py).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from records import command_line, write_record  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")
@@ -187,6 +194,23 @@ def table(args, results) -> str:
   return "\n".join(lines)
 
 
+def figures_of(args, results) -> dict:
+  """The record's figures: `<recipe>_<arm>_mean` / `_std` (over the finished seeds, std with two
+  or more) and `<recipe>_<arm>_seed<s>` of each finished run."""
+  figures = {}
+  for recipe in args.recipes:
+    for arm in args.arms:
+      got = {s: results.get((recipe, arm, s)) for s in args.seeds}
+      got = {s: v for s, v in got.items() if v is not None}
+      for s, v in got.items():
+        figures[f"{recipe}_{arm}_seed{s}"] = v
+      if got:
+        figures[f"{recipe}_{arm}_mean"] = statistics.mean(got.values())
+      if len(got) > 1:
+        figures[f"{recipe}_{arm}_std"] = statistics.stdev(got.values())
+  return figures
+
+
 def _kept_sites(args, recipe, arm):
   out = []
   folder = "advice_ckpt" if arm == "advised_ckpt" else "advice"
@@ -209,6 +233,9 @@ def main(argv=None):
   p.add_argument("--report_only", action="store_true", help="print the table of finished runs")
   p.add_argument("--retrain_same", action="store_true",
                  help="train an advised arm whose advice keeps the default list's sites too")
+  p.add_argument("--record", nargs="?", const="", default=None, metavar="NAME",
+                 help="write the finished runs' losses to docs/results/records/NAME.json "
+                      "(default NAME: advisor_vs_defaults_<steps>)")
   args = p.parse_args(argv)
   args.seeds = [int(s) for s in args.seeds.split(",")]
   args.recipes = args.recipes.split(",")
@@ -228,6 +255,14 @@ def main(argv=None):
           print(f"{recipe} {arm} seed {seed}: final eval loss {r['final_eval_loss']:.4f}",
                 flush=True)
   print(table(args, results))
+  if args.record is not None:
+    figures = figures_of(args, results)
+    if not figures:
+      p.error("--record: no run has finished; nothing to record")
+    name = args.record or f"advisor_vs_defaults_{args.steps}"
+    command = command_line([os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)])
+    path = write_record(name, figures, command, notes=f"final eval loss, {args.steps} steps")
+    print(f"record: {path}")
 
 
 if __name__ == "__main__":

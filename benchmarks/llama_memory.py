@@ -11,7 +11,9 @@ temporaries + outputs - aliased (donated) buffers. The last output line is a JSO
 assignment for the same program; a GPU backend schedules differently, so treat them as an
 estimate of the GPU footprint, not a measurement of it. `--remat` forces block rematerialization
 on or off in both programs. The steps are traced with the activation sharding hints, as the
-trainer's are. Results and the breakdown: docs/results.md, "Memory".
+trainer's are. Results and the breakdown: docs/results.md, "Memory". `--record [NAME]` also writes
+the figures the docs state (GiB per device, the baseline's, the ratio) to
+docs/results/records/NAME.json (benchmarks/records.py), e.g. `--licm=off --record=llama_memory_1b`.
 
 `--licm=off` removes an XLA:CPU artifact. XLA:CPU has no bfloat16 arithmetic: it converts bf16
 values to float32, and while-loop-invariant code motion then hoists the converts of the layer
@@ -32,6 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_step import add_step_arguments, compile_train_step, load_config  # noqa: E402
+from records import add_record_argument, write_record  # noqa: E402
 
 
 def _parse():
@@ -46,6 +49,7 @@ def _parse():
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="a config override of the measured program (not the baseline), e.g. "
                       "--set model.param_dtype=bfloat16; repeatable")
+  add_record_argument(p, "llama_memory")
   return p.parse_args()
 
 
@@ -92,11 +96,16 @@ def per_device_bytes(config, vocab: int, devices) -> tuple[int, dict, float]:
 
 
 def baseline_of(config):
+  """The FP32 Adam baseline of `config`: the same model, batch, mesh, remat and microbatches with
+  Adam as the AdamW configs run it (global-norm clipping at 1.0, whatever the config's optimizer
+  uses), no quantization and float32 throughout."""
   base = config.copy_and_resolve_references()
   with base.unlocked():
     base.quant.recipe = "fp32"
     base.quant.residuals = ""
     base.optimizer.name = "adam"
+    base.optimizer.grad_clip = 1.0  # not the FP4 configs' Stable-SPAM settings (clipping off)
+    base.optimizer.total_steps = 0
     base.optimizer.state_dtype = "float32"
     base.model.compute_dtype = "float32"
     base.model.param_dtype = "float32"
@@ -151,7 +160,18 @@ def main():
     result["ratio"] = total / base_total
     print(f"ratio to baseline: {total / base_total:.3f} (goal <= 0.6); fits a 40 GB A100: "
           f"{total < 40e9}")
-  print(json.dumps(result))
+  if ARGS.record:
+    figures = {"per_device_gib": total / gib, "arguments_gib": parts["arguments"] / gib,
+               "temporaries_gib": parts["temporaries"] / gib, "per_device_bytes": int(total)}
+    if base_total:
+      figures.update(baseline_gib=base_total / gib, ratio=total / base_total,
+                     baseline_per_device_bytes=int(base_total))
+    path = write_record(ARGS.record, figures, notes=(
+        f"XLA's per-device memory (arguments + temporaries + outputs - aliased) of the train step "
+        f"vs FP32 Adam; {len(devices)} devices, remat {config.model.remat}, loop-invariant code "
+        f"motion {ARGS.licm}, overrides {ARGS.set or 'none'}"))
+    print(f"record: {path}")
+  print(json.dumps(result))  # the last line
   sys.stdout.flush()
 
 

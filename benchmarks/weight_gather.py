@@ -9,7 +9,8 @@ With the option off, XLA gathers each FSDP-sharded weight in high precision (in 
 its partitioner picks) before quantizing it; with it on, each device quantizes its own shard and
 the gather moves FP4 codes and block scales. The reference "bf16 weights" is the same gather
 traffic with every float32/bf16 weight gather counted at 2 bytes per element. The last output
-line is a JSON object with the byte counts.
+line is a JSON object with the byte counts. `--record` also writes the figures the docs state
+(GiB before and after, the ratios) to docs/results/records/weight_gather.json (benchmarks/records.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_step import add_step_arguments, compile_train_step, load_config  # noqa: E402
+from records import add_record_argument, write_record  # noqa: E402
 
 
 def _parse():
@@ -30,6 +32,7 @@ def _parse():
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="a config override of both programs, e.g. --set model.vocab_chunks=8; "
                       "repeatable")
+  add_record_argument(p, "weight_gather")
   return p.parse_args()
 
 
@@ -79,6 +82,18 @@ def main():
     print(f"| {on} | {total(d) / mib:.0f} | {parts} | {secs:.0f} |")
   print(f"after / before: {total(after) / total(before):.3f}; after / (before's gathers at bf16): "
         f"{total(after) / as_bf16:.3f} (goal <= 0.35)")
+  if ARGS.record:
+    gib = 2.0**30
+    path = write_record(ARGS.record, {
+        "before_gib": total(before) / gib, "after_gib": total(after) / gib,
+        "after_uint8_gib": after.get("u8", 0) / gib, "after_f32_gib": after.get("f32", 0) / gib,
+        "gather_vs_f32": total(after) / total(before), "gather_vs_bf16": total(after) / as_bf16,
+        "before_bytes": total(before), "after_bytes": total(after),
+        "before_as_bf16_bytes": as_bf16},
+        notes=f"all-gather bytes per train step per device from the compiled HLO, "
+              f"gather_quantized_weights off (before) and on (after); {len(devices)} devices, "
+              f"overrides {ARGS.set or 'none'}")
+    print(f"record: {path}")
   print(json.dumps({"config": ARGS.config, "devices": len(devices),
                     "before_bytes": total(before), "after_bytes": total(after),
                     "before_as_bf16_bytes": as_bf16, "before": before, "after": after}))

@@ -9,7 +9,7 @@ default tfrecord format with TensorFlow installed (`pip install -e '.[tf]'`; rea
 and T5's SentencePiece model (vocab 32000); see docs/numerics.md §10 for the paper settings.
 
 Per-device memory, XLA's estimate (benchmarks/llama_memory.py --licm=off, docs/results.md
-"Memory"): 2.51 GiB with remat, 0.595x of the same run with FP32 Adam and no quantization; with
+"Memory"): 2.51 GiB with remat, 0.593x of the same run with FP32 Adam and no quantization; with
 --config.model.remat=False 6.28 GiB (FP4-packed GEMM residuals; 0.487x), which also fits a
 40 GB A100 and skips the recomputation. The bf16 master weights, bf16 gradient accumulators and
 vocabulary slices below are memory options; their quality on the tiny model is in

@@ -158,7 +158,7 @@ def markdown(check: dict) -> str:
     lines += ["A **dry run**: every stage on the CPU with tiny sizes and interpret-mode Pallas "
               "kernels. It shows that the check runs; its timings and bandwidths are **not GPU "
               "figures**, and the goals are not judged.", ""]
-  lines += ["Written by `python -m benchmarks.gpu_check` (`make gpu-check`). Goals (issue 38): "
+  lines += ["Written by `python -m benchmarks.gpu_check` (`make gpu-check`). Goals: "
             + "; ".join(check["goals"].values()) + ".", ""]
   if check.get("plan"):
     lines += [f"Plan: stages in the order {', '.join(check['plan'])} within "

@@ -71,3 +71,31 @@ def test_an_advice_that_keeps_the_default_list_is_the_default_run(tmp_path):
   (done / "results.json").write_text('{"steps": 300, "final_eval_loss": 2.25}')
   assert bench.train(args, "mxfp4", "advised_ckpt", 0)["final_eval_loss"] == 2.25
   assert bench.train(args, "mxfp4", "advised_ckpt", 1) is None  # its own run: not trained here
+
+
+def test_record_holds_each_arms_mean_std_and_seeds(tmp_path, monkeypatch):
+  import json
+
+  import records
+  args = _args(tmp_path, arms=["default", "advised_ckpt"])
+  results = {("mxfp4", "default", 0): 1.8320, ("mxfp4", "default", 1): 1.8935,
+             ("mxfp4", "default", 2): 1.8232, ("mxfp4", "advised_ckpt", 0): 1.8553,
+             ("mxfp4", "advised_ckpt", 1): None}
+  figures = bench.figures_of(args, results)
+  d = np.array([1.8320, 1.8935, 1.8232])
+  assert np.isclose(figures["mxfp4_default_mean"], d.mean())
+  assert np.isclose(figures["mxfp4_default_std"], d.std(ddof=1))
+  assert figures["mxfp4_default_seed1"] == 1.8935
+  assert figures["mxfp4_advised_ckpt_mean"] == 1.8553  # one seed: a mean, no std
+  assert "mxfp4_advised_ckpt_std" not in figures and "mxfp4_advised_ckpt_seed1" not in figures
+  # --record on finished runs (report_only: nothing trains) writes the record
+  for s, v in enumerate([1.8320, 1.8935, 1.8232]):
+    run = tmp_path / "mxfp4" / "default" / f"seed{s}"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"steps": 300, "final_eval_loss": v}))
+  monkeypatch.setattr(records, "RECORDS_DIR", str(tmp_path / "records"))
+  bench.main(["--steps=300", "--recipes=mxfp4", "--arms=default", f"--root={tmp_path}",
+              "--report_only", "--record"])
+  record = json.loads((tmp_path / "records" / "advisor_vs_defaults_300.json").read_text())
+  assert np.isclose(record["figures"]["mxfp4_default_mean"], d.mean())
+  assert "--record" in record["command"]

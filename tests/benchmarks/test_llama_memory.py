@@ -13,15 +13,24 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import llama_memory  # noqa: E402
 
 
-def test_last_line_is_the_json_result():
+def test_last_line_is_the_json_result_and_record_holds_its_figures(tmp_path):
   out = subprocess.run(
       [sys.executable, os.path.join(ROOT, "benchmarks", "llama_memory.py"),
-       "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+       "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512", "--record=tiny_mem"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+      env=dict(os.environ, LPJAX_RECORDS_DIR=str(tmp_path))).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result["devices"] == 8
   assert result["per_device_bytes"] > 0 and result["baseline_per_device_bytes"] > 0
   assert abs(result["ratio"] - result["per_device_bytes"] / result["baseline_per_device_bytes"]) < 1e-9
+  record = json.loads((tmp_path / "tiny_mem.json").read_text())
+  figures = record["figures"]
+  assert figures["per_device_bytes"] == result["per_device_bytes"]
+  assert figures["per_device_gib"] == result["per_device_bytes"] / 2**30
+  assert figures["baseline_gib"] == result["baseline_per_device_bytes"] / 2**30
+  assert figures["ratio"] == result["ratio"]
+  assert record["command"] == ("python benchmarks/llama_memory.py --config=configs/llama_tiny_mxfp4.py "
+                               "--devices=8 --vocab=512 --record=tiny_mem")
 
 
 def test_remat_and_fsdp_lower_the_per_device_memory():
@@ -65,3 +74,14 @@ def test_sharding_hints_benchmark_runs():
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
   result = json.loads(out.strip().splitlines()[-1])
   assert result["step_s_with_hints"] > 0 and result["step_s_without_hints"] > 0
+
+
+def test_the_baseline_is_adam_with_the_adamw_configs_clipping():
+  """The FP4 configs run Stable-SPAM without global clipping; their FP32 Adam baseline clips at
+  1.0 as the AdamW configs do (before, it inherited the config's 0 and ran an unusual Adam)."""
+  config = llama_memory.load_config(os.path.join(ROOT, "configs", "llama_1b_mxfp4.py"))
+  assert config.optimizer.grad_clip == 0 and config.optimizer.total_steps == -1
+  base = llama_memory.baseline_of(config)
+  assert base.optimizer.name == "adam" and base.optimizer.state_dtype == "float32"
+  assert base.optimizer.grad_clip == 1.0 and base.optimizer.total_steps == 0
+  assert config.optimizer.grad_clip == 0  # the config itself is unchanged
