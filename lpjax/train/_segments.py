@@ -32,12 +32,20 @@ class Segments:
   """The earlier segments (from the resumed checkpoint's meta) and the current one.
 
   `saved`: the list the checkpoint holds (None or [] for a fresh run); `start_step`: the step
-  this process starts from; `started`: its start time (time.time(); default now).
+  this process starts from; `started`: its start time (time.time(); default now). `results`: the
+  workdir's results.json, if any: a finished run trained further takes its last segment from
+  there, with the final evaluation that came after the checkpoint.
   """
 
-  def __init__(self, saved, start_step: int, started: float | None = None):
+  def __init__(self, saved, start_step: int, started: float | None = None,
+               results: dict | None = None):
     self.previous = [dict(s, ended="killed") if s.get("ended") == "running" else dict(s)
                      for s in saved or [] if isinstance(s, dict)]
+    final = ((results or {}).get("segments") or [None])[-1]
+    if (self.previous and self.previous[-1].get("ended") == "finished" and isinstance(final, dict)
+        and (final.get("start_step"), final.get("end_step")) == (
+            self.previous[-1].get("start_step"), self.previous[-1].get("end_step"))):
+      self.previous[-1] = dict(final)
     self.start_step = int(start_step)
     self.started = time.time() if started is None else started
 

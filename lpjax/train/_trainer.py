@@ -165,7 +165,8 @@ class Trainer(CompiledSteps):
     done = self._results_if_complete(state)
     if done is not None:
       return done
-    self.segments = Segments(meta.get("segments"), int(state.step), start_time)  # results.json
+    self.segments = Segments(meta.get("segments"), int(state.step), start_time,
+                             read_results(self.workdir))  # for results.json
     self._announce_model(state)
     self.precision.load(meta.get("precision", {}))
     self.monitor.start(meta.get("monitor", {}), int(state.step))  # after precision: sets its policy

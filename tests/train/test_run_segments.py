@@ -53,15 +53,21 @@ def _lr(step, steps, peak, warmup, min_ratio):
 
 def test_more_steps_on_resume_state_the_learning_rate_jump(tmp_path, caplog):
   workdir = str(tmp_path)
-  Trainer(small(steps=3), workdir).run()
+  first = Trainer(small(steps=3), workdir).run()
   config = small(steps=8)
   o = config.optimizer
   before = _lr(3, 3, o.lr, o.warmup_steps, o.min_lr_ratio)
   after = _lr(3, 8, o.lr, o.warmup_steps, o.min_lr_ratio)
   assert after > 2 * before  # the cosine restarts from higher up
   with caplog.at_level(logging.WARNING, logger="lpjax.train"):
-    Trainer(config, workdir).restore_or_init()
+    trainer = Trainer(config, workdir)
+    trainer.restore_or_init()
   assert "steps 3 -> 8" in caplog.text
   assert f"at step 3 the lr was {before:.2e} and is now {after:.2e}" in caplog.text
   assert f"decays to {o.lr * o.min_lr_ratio:.2e} at step 8 instead of step 3" in caplog.text
   assert "--config.steps=3" in caplog.text
+  # the finished run trained further: its segment as its results.json gave it (final eval in)
+  results = trainer.run()
+  assert results["segments"][0] == first["segments"][0]
+  assert [(s["start_step"], s["end_step"], s["ended"]) for s in results["segments"]] == [
+      (0, 3, "finished"), (3, 8, "finished")]
