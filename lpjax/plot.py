@@ -8,9 +8,15 @@ Each WORKDIR is a train.py workdir (its metrics.jsonl; config.json and results.j
 run). The left panel has each run's training loss (a moving average over `--smooth` logged steps,
 the raw values faint) and its evaluations: filled markers with the run's quantization, hollow
 ones for the same weights in full precision. The right panel is the FP4 gap in percent: with a
-bf16 or fp32 run among the WORKDIRs, each other run's smoothed training loss relative to that
-baseline's at the same steps; without one, each run's evaluation loss with its quantization
-relative to the same weights in full precision. A table of the final numbers is printed too.
+bf16 or fp32 run among the WORKDIRs, each other run's evaluation loss relative to that baseline's
+at the steps both evaluated ("eval loss gap vs <baseline>, % at equal steps"; no common step: no
+gap, and the panel says so); without one, each run's evaluation loss with its quantization
+relative to the same weights in full precision. A table of the last numbers is printed too.
+
+Runs that differ in more than the recipe (steps, optimizer and schedule, data, batch, seed, model,
+evaluation: the keys of their config.json that `lpjax.train._run_compare.compared` names) are
+compared all the same, with a warning that names each differing key and its values, printed and
+written on the figure.
 
 matplotlib is needed only to draw (`make plot` installs it, or `pip install matplotlib`); reading
 runs and the table work without it.
@@ -38,7 +44,11 @@ import math
 import os
 import sys
 
+from lpjax.train._run_compare import differences, flatten, read_config
+
 FULL_PRECISION = ("bf16", "fp32")
+NO_COMMON_STEPS = ("no step at which both a run and the baseline evaluated:\nno gap to draw "
+                   "(train both with the same eval_every and steps)")
 MATPLOTLIB_MISSING = ("python -m lpjax.plot needs matplotlib to draw: `make plot` installs it "
                       "(requirements-plot.txt), or `pip install matplotlib`.")
 
@@ -54,6 +64,7 @@ class Run:
   eval_steps: list = dataclasses.field(default_factory=list)
   eval_loss: list = dataclasses.field(default_factory=list)
   eval_loss_fp: list = dataclasses.field(default_factory=list)
+  config: dict = dataclasses.field(default_factory=dict)  # flat config.json ({} if none)
 
   @property
   def full_precision(self) -> bool:
@@ -83,7 +94,10 @@ def read_run(workdir: str) -> Run:
   recipe = str(results.get("recipe") or config.get("quant", {}).get("recipe", "?"))
   optimizer = str(results.get("optimizer") or config.get("optimizer", {}).get("name", "?"))
   name = os.path.basename(os.path.normpath(workdir))
-  run = Run(workdir, f"{name} ({recipe}, {optimizer})", recipe)
+  flat = read_config(workdir) or {k: v for k, v in flatten(
+      {"steps": results.get("steps"), "optimizer.name": results.get("optimizer")}).items()
+      if v is not None}  # a workdir without config.json: what results.json says
+  run = Run(workdir, f"{name} ({recipe}, {optimizer})", recipe, config=flat)
   with open(path) as f:
     for line in f:
       try:
@@ -114,12 +128,36 @@ def smooth(values, window: int) -> list:
   return out
 
 
-def gap_to_baseline(run: Run, baseline: Run, window: int):
-  """(steps, % of `run`'s smoothed train loss above `baseline`'s) at the steps both logged."""
-  base = dict(zip(baseline.train_steps, smooth(baseline.train_loss, window)))
-  mine = dict(zip(run.train_steps, smooth(run.train_loss, window)))
-  steps = [s for s in run.train_steps if s in base and base[s] and math.isfinite(base[s])]
+def gap_to_baseline(run: Run, baseline: Run):
+  """(steps, % of `run`'s eval loss above `baseline`'s) at the steps both evaluated: the same
+  weights' step and the same evaluation batches, not the noisy loss of each one's own batch."""
+  base = dict(zip(baseline.eval_steps, baseline.eval_loss))
+  mine = dict(zip(run.eval_steps, run.eval_loss))
+  steps = sorted(s for s in mine if s in base and base[s] and math.isfinite(base[s])
+                 and math.isfinite(mine[s]))
   return steps, [100 * (mine[s] - base[s]) / base[s] for s in steps]
+
+
+# Keys a difference in which does not make the runs' losses incomparable to the plot: evaluating at
+# other steps only leaves fewer equal steps to compare.
+NOT_WARNED = ("eval_every",)
+
+
+def config_warnings(runs) -> list[str]:
+  """One line per compared config key in which the runs differ ("steps: a 160, b 300"), against
+  the full-precision baseline (or the first run); [] when they differ in the recipe alone."""
+  reference = next((r for r in runs if r.full_precision), runs[0]) if len(runs) > 1 else None
+  if reference is None:
+    return []
+  keys = {}
+  for run in runs:
+    if run is not reference:
+      for key, _, _ in differences(reference.config, run.config, skip=NOT_WARNED):
+        if key in reference.config and key in run.config:  # an older workdir records fewer
+          keys.setdefault(key, None)
+  name = lambda r: os.path.basename(os.path.normpath(r.workdir))  # noqa: E731
+  return [f"{key}: " + ", ".join(f"{name(r)} {r.config.get(key, '(not recorded)')}" for r in runs)
+          for key in sorted(keys)]
 
 
 def eval_gap(run: Run):
@@ -129,24 +167,40 @@ def eval_gap(run: Run):
   return [s for s, _, _ in pairs], [100 * (q - f) / f for _, q, f in pairs]
 
 
+def _baseline(runs):
+  """The full-precision run the others are compared with (None for one run or none such)."""
+  return next((r for r in runs if r.full_precision), None) if len(runs) > 1 else None
+
+
 def summary_table(runs) -> str:
-  """The last logged numbers of each run, one line each."""
-  baseline = next((r for r in runs if r.full_precision), None)
-  rows = [f"{'run':<44} {'train loss':>10} {'eval loss':>10} {'eval fp':>10} {'gap':>8}"]
+  """The last logged numbers of each run, one line each, and the gap: against the baseline at
+  the last step both evaluated (its step in the last column), or else against the same weights
+  in full precision at the run's last evaluation."""
+  baseline = _baseline(runs)
+  rows = [f"{'run':<44} {'train loss':>10} {'eval loss':>10} {'eval fp':>10} {'gap':>8} "
+          f"{'at step':>7}"]
+  missing = False
   for run in runs:
     train = run.train_loss[-1] if run.train_loss else math.nan
     q = run.eval_loss[-1] if run.eval_loss else math.nan
     f = run.eval_loss_fp[-1] if run.eval_loss_fp else math.nan
-    if baseline is not None and run is not baseline and baseline.eval_loss:
-      gap = f"{100 * (q - baseline.eval_loss[-1]) / baseline.eval_loss[-1]:+.2f}%"
-    elif math.isfinite(f) and f and not run.full_precision:
-      gap = f"{100 * (q - f) / f:+.2f}%"
-    else:
-      gap = "-"
-    rows.append(f"{run.label[:44]:<44} {train:>10.4f} {q:>10.4f} {f:>10.4f} {gap:>8}")
-  note = ("gap: eval loss relative to the baseline run" if baseline is not None and len(runs) > 1
-          else "gap: eval loss with the run's quantization relative to the same weights in "
-               "full precision")
+    gap, at = "-", "-"
+    if baseline is not None and run is not baseline:
+      steps, gaps = gap_to_baseline(run, baseline)
+      if steps:
+        gap, at = f"{gaps[-1]:+.2f}%", str(steps[-1])
+      missing = missing or not steps
+    elif baseline is None and math.isfinite(f) and f and not run.full_precision:
+      gap, at = f"{100 * (q - f) / f:+.2f}%", str(run.eval_steps[-1])
+    rows.append(f"{run.label[:44]:<44} {train:>10.4f} {q:>10.4f} {f:>10.4f} {gap:>8} {at:>7}")
+  if baseline is not None:
+    note = (f"gap: eval loss relative to the baseline {baseline.label} at the last step both "
+            "evaluated")
+    if missing:
+      note += "; '-': no step both evaluated, so no gap"
+  else:
+    note = ("gap: eval loss with the run's quantization relative to the same weights in full "
+            "precision")
   return "\n".join(rows + [f"({note})"])
 
 
@@ -175,7 +229,7 @@ def plot_runs(runs, out: str, window: int = 0) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  baseline = next((r for r in runs if r.full_precision), None) if len(runs) > 1 else None
+  baseline = _baseline(runs)
   fig, (ax, gap_ax) = plt.subplots(1, 2, figsize=(13, 5))
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for i, run in enumerate(runs):
@@ -191,8 +245,9 @@ def plot_runs(runs, out: str, window: int = 0) -> str:
         ax.plot(run.eval_steps, run.eval_loss_fp, "o", mfc="none", color=color,
                 label=f"{run.label}: eval, same weights in full precision")
     if baseline is not None and run is not baseline:
-      steps, gap = gap_to_baseline(run, baseline, window)
-      gap_ax.plot(steps, gap, color=color, label=f"{run.label} vs {baseline.label}")
+      steps, gap = gap_to_baseline(run, baseline)
+      if steps:
+        gap_ax.plot(steps, gap, "o-", color=color, label=run.label)
     elif baseline is None and not run.full_precision:
       steps, gap = eval_gap(run)
       gap_ax.plot(steps, gap, "o-", color=color, label=run.label)
@@ -205,18 +260,24 @@ def plot_runs(runs, out: str, window: int = 0) -> str:
   gap_ax.axhline(0.0, color="black", linewidth=0.8)
   gap_ax.set_xlabel("step")
   if baseline is not None:
-    gap_ax.set_ylabel(f"train loss above {baseline.recipe} (%)")
-    gap_ax.set_title("FP4 gap: each run vs the full-precision run")
+    gap_ax.set_ylabel(f"eval loss above the {baseline.recipe} run (%)")
+    gap_ax.set_title(f"eval loss gap vs {baseline.label}, % at equal steps", fontsize=10)
   else:
     gap_ax.set_ylabel("eval loss above the same weights in full precision (%)")
     gap_ax.set_title("FP4 gap at evaluation: quantized vs full precision")
   if gap_ax.get_legend_handles_labels()[0]:
     gap_ax.legend(fontsize=8)
   else:
-    gap_ax.text(0.5, 0.5, "no low-precision evaluation to compare", ha="center",
+    gap_ax.text(0.5, 0.5, NO_COMMON_STEPS if baseline is not None else
+                "no low-precision evaluation to compare", ha="center", wrap=True,
                 transform=gap_ax.transAxes)
+  warnings = config_warnings(runs)
+  if warnings:  # on the picture too: it outlives the terminal
+    fig.suptitle("Not like with like: the runs differ in " + "; ".join(warnings[:4])
+                 + ("; ..." if len(warnings) > 4 else ""), color="firebrick", fontsize=9,
+                 wrap=True)
   gap_ax.grid(alpha=0.3)
-  fig.tight_layout()
+  fig.tight_layout(rect=(0, 0, 1, 0.92) if warnings else None)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, dpi=110)
   plt.close(fig)
@@ -236,6 +297,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     runs = [read_run(w) for w in args.workdirs]
+    warnings = config_warnings(runs)
+    if warnings:
+      print("Warning: these runs differ in more than the recipe, so their gap is not the "
+            "recipe's alone:\n  " + "\n  ".join(warnings), file=sys.stderr)
     print(summary_table(runs))
     out = plot_runs(runs, args.out or default_out(args.workdirs), max(args.smooth, 0))
   except PlotError as e:

@@ -13,11 +13,12 @@ from lpjax import plot
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_dir(tmp_path, name, recipe, losses, evals=(), optimizer="adamw", torn=False):
+def _run_dir(tmp_path, name, recipe, losses, evals=(), optimizer="adamw", torn=False, **config):
   """A workdir as train.py leaves it: metrics.jsonl (train losses at steps 10, 20, ...; `evals`:
-  (step, loss, loss_fp)), config.json and results.json."""
+  (step, loss, loss_fp)), config.json (with `config`'s dotted keys, e.g. `steps=300`,
+  `**{"optimizer.lr": 2e-3}`) and results.json."""
   d = tmp_path / name
-  d.mkdir()
+  d.mkdir(parents=True)
   with open(d / "metrics.jsonl", "w") as f:
     for i, loss in enumerate(losses, 1):
       f.write(json.dumps({"step": 10 * i, "train/loss": loss, "train/lr": 1e-3}) + "\n")
@@ -25,8 +26,14 @@ def _run_dir(tmp_path, name, recipe, losses, evals=(), optimizer="adamw", torn=F
       f.write(json.dumps({"step": step, "eval/loss": q, "eval/loss_fp": fp, "eval/ppl": 9.0}) + "\n")
     if torn:
       f.write('{"step": 99, "train/lo')
-  (d / "config.json").write_text(json.dumps({"quant": {"recipe": recipe},
-                                             "optimizer": {"name": optimizer}}))
+  nested = {"quant": {"recipe": recipe}, "optimizer": {"name": optimizer}}
+  for key, value in config.items():
+    *sections, leaf = key.split(".")
+    node = nested
+    for section in sections:
+      node = node.setdefault(section, {})
+    node[leaf] = value
+  (d / "config.json").write_text(json.dumps(nested))
   (d / "results.json").write_text(json.dumps({"recipe": recipe, "optimizer": optimizer}))
   return str(d)
 
@@ -39,15 +46,77 @@ def test_read_run_takes_train_and_eval_losses_and_skips_a_torn_line(tmp_path):
   assert run.label == "a (mxfp4, adamw)" and not run.full_precision
 
 
-def test_the_gap_to_a_baseline_is_the_relative_difference_at_common_steps(tmp_path):
-  base = [4.0, 3.0, 2.5, 2.0, 1.8]
-  fp4 = [1.1 * v for v in base] + [1.0]  # 10% above at every common step, one step more
-  runs = [plot.read_run(_run_dir(tmp_path, n, r, l)) for n, r, l in
-          (("fp4", "nvfp4", fp4), ("base", "bf16", base))]
-  for window in (1, 3):  # a moving average is linear: still 10% everywhere
-    steps, gap = plot.gap_to_baseline(runs[0], runs[1], window)
-    assert steps == [10, 20, 30, 40, 50]
-    assert gap == pytest.approx([10.0] * 5)
+def _gap_runs(tmp_path, fp4_evals, base_evals):
+  """An nvfp4 run and its bf16 baseline whose per-batch train losses are far apart (noise the gap
+  must not take), with the given (step, eval loss) evaluations."""
+  fp4 = _run_dir(tmp_path, "fp4", "nvfp4", [9.0, 1.0, 9.0, 1.0, 9.0],
+                 [(s, q, q) for s, q in fp4_evals])
+  base = _run_dir(tmp_path, "base", "bf16", [1.0, 9.0, 1.0, 9.0, 1.0],
+                  [(s, q, q) for s, q in base_evals])
+  return plot.read_run(fp4), plot.read_run(base)
+
+
+def test_the_gap_to_a_baseline_compares_evaluations_at_equal_steps(tmp_path):
+  fp4, base = _gap_runs(tmp_path, [(10, 3.3), (20, 2.6), (30, 2.2)],
+                        [(20, 2.5), (30, 2.0), (40, 1.9)])
+  steps, gap = plot.gap_to_baseline(fp4, base)
+  assert steps == [20, 30]  # only the steps both evaluated
+  assert gap == pytest.approx([100 * (2.6 - 2.5) / 2.5, 100 * (2.2 - 2.0) / 2.0])
+  row = plot.summary_table([fp4, base]).splitlines()[1]
+  assert row.split()[-2:] == ["+10.00%", "30"]  # the last common step, named
+  fp4, base = _gap_runs(tmp_path / "none", [(160, 2.2)], [(300, 2.0)])
+  assert plot.gap_to_baseline(fp4, base) == ([], [])  # 160 against 300: no gap at all
+  table = plot.summary_table([fp4, base])
+  assert table.splitlines()[1].split()[-2:] == ["-", "-"] and "no step both evaluated" in table
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+  """The figures plot_runs saves."""
+  pytest.importorskip("matplotlib")
+  from matplotlib.figure import Figure
+  figures, save = [], Figure.savefig
+  monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figures.append(fig),
+                                                                  save(fig, *a, **k))[1])
+  return figures
+
+
+def test_the_gap_panel_draws_the_equal_step_gap_and_says_what_it_is(tmp_path, drawn):
+  fp4, base = _gap_runs(tmp_path, [(10, 3.3), (20, 2.6), (30, 2.2)], [(20, 2.5), (30, 2.0)])
+  plot.plot_runs([fp4, base], str(tmp_path / "a.png"))
+  gap_ax = drawn[-1].axes[1]
+  assert gap_ax.get_title() == "eval loss gap vs base (bf16, adamw), % at equal steps"
+  (line,) = [l for l in gap_ax.get_lines() if l.get_label() == fp4.label]
+  assert list(line.get_xdata()) == [20, 30]
+  assert list(line.get_ydata()) == pytest.approx([4.0, 10.0])
+  fp4, base = _gap_runs(tmp_path / "none", [(160, 2.2)], [(300, 2.0)])
+  plot.plot_runs([fp4, base], str(tmp_path / "b.png"))
+  gap_ax = drawn[-1].axes[1]
+  assert [l.get_label() for l in gap_ax.get_lines() if l.get_label() == fp4.label] == []
+  assert any("no step at which both" in t.get_text() for t in gap_ax.texts)
+
+
+def test_runs_that_differ_in_more_than_the_recipe_are_named_with_each_difference(tmp_path,
+                                                                                capsys):
+  a = _run_dir(tmp_path, "fp4", "mxfp4", [3.0], [(10, 2.2, 2.0)], optimizer="stable_spam",
+               steps=160, seed=0, batch_size=32, **{"data.path": "a.txt", "monitor.every": 20})
+  b = _run_dir(tmp_path, "base", "bf16", [3.0], [(10, 2.1, 2.1)], steps=300, seed=1,
+               batch_size=64, **{"data.path": "b.txt", "monitor.every": 0})
+  warnings = plot.config_warnings([plot.read_run(a), plot.read_run(b)])
+  assert warnings == ["batch_size: fp4 32, base 64", "data.path: fp4 a.txt, base b.txt",
+                      "optimizer.name: fp4 stable_spam, base adamw", "seed: fp4 0, base 1",
+                      "steps: fp4 160, base 300"]  # each run's value in turn; not monitor.every
+  pytest.importorskip("matplotlib")
+  assert plot.main([a, b, f"--out={tmp_path / 'x.png'}"]) == 0
+  err = capsys.readouterr().err
+  assert "differ in more than the recipe" in err and "steps: fp4 160, base 300" in err
+
+
+def test_runs_that_differ_only_in_recipe_and_bookkeeping_give_no_warning(tmp_path):
+  a = _run_dir(tmp_path, "fp4", "mxfp4", [3.0], steps=160, log_every=5,
+               **{"monitor.every": 20, "quant.rules": "x->bf16", "checkpoint_every": 10})
+  b = _run_dir(tmp_path, "base", "bf16", [3.0], steps=160, log_every=10)
+  assert plot.config_warnings([plot.read_run(a), plot.read_run(b)]) == []
 
 
 def test_the_eval_gap_compares_with_the_same_weights_in_full_precision(tmp_path):
@@ -64,10 +133,10 @@ def test_summary_table_names_the_gap_against_the_baseline(tmp_path):
   runs = [plot.read_run(_run_dir(tmp_path, "fp4", "mxfp4", [2.2], [(10, 2.2, 2.1)])),
           plot.read_run(_run_dir(tmp_path, "base", "bf16", [2.0], [(10, 2.0, 2.0)]))]
   lines = plot.summary_table(runs).splitlines()
-  assert lines[1].startswith("fp4 (mxfp4, adamw)") and lines[1].endswith("+10.00%")
-  assert lines[2].endswith("-") and "relative to the baseline run" in lines[-1]
+  assert lines[1].startswith("fp4 (mxfp4, adamw)") and lines[1].split()[-2:] == ["+10.00%", "10"]
+  assert lines[2].endswith("-") and "relative to the baseline base (bf16, adamw)" in lines[-1]
   alone = plot.summary_table(runs[:1]).splitlines()
-  assert alone[1].endswith("+4.76%")  # 2.2 vs 2.1 in full precision
+  assert alone[1].split()[-2:] == ["+4.76%", "10"]  # 2.2 vs 2.1 in full precision
 
 
 def test_default_out_is_beside_the_runs(tmp_path):

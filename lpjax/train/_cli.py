@@ -25,6 +25,7 @@ import ast
 import functools
 import importlib.util
 import inspect
+import json
 import os
 import re
 import shlex
@@ -246,10 +247,67 @@ PLOT_REQUIREMENTS = "requirements-plot.txt"  # matplotlib, pinned (make plot ins
 
 
 def _shell_quoted(flag: str) -> str:
-  """"--name=value" with the value quoted for a shell when it needs it (quant.rules holds ';',
-  '$' and '>'): "--config.quant.rules='^lm_head$->bf16'"."""
+  """"--name=value" with the value quoted for a shell when it needs it (a data.path with a space
+  or a glob): "--config.data.path='my corpus/*.txt'"."""
   name, eq, value = flag.partition("=")
   return f"{name}={shlex.quote(value)}" if eq else flag
+
+
+def _flag_key(flag: str) -> str:
+  """"optimizer.lr" of "--config.optimizer.lr=2e-3"."""
+  return flag.partition("=")[0].split("config.", 1)[-1]
+
+
+def _name_part(flags) -> str:
+  """The differences the baseline's flags make, for its workdir name: "steps160_lr0.002" (a short
+  hash when that would be long)."""
+  import hashlib
+
+  parts = []
+  for flag in flags:
+    value = re.sub(r"[^A-Za-z0-9.+-]+", "-", flag.partition("=")[2]).strip("-")
+    parts.append(_flag_key(flag).split(".")[-1] + value)
+  name = "_".join(parts)
+  if len(name) > 48:
+    name = "cfg" + hashlib.sha1(" ".join(flags).encode()).hexdigest()[:8]
+  return name
+
+
+def _baseline_config(config_file: str, flags, recipe: str) -> dict:
+  """The flat config `train.py --config=config_file *flags --config.quant.recipe=recipe` trains
+  with; {} when it cannot be worked out (then no existing workdir counts as the same run)."""
+  from lpjax.train._run_compare import flatten
+
+  try:
+    from lpjax.train.config import load_config_file
+
+    config = load_config_file(config_file)
+    with config.unlocked():
+      for flag in flags:
+        node, parts = config, _flag_key(flag).split(".")
+        for part in parts[:-1]:
+          node = node[part]
+        node[parts[-1]] = _literal(flag.partition("=")[2]) if "=" in flag else True
+      config.quant.recipe = recipe
+    return flatten(json.loads(config.to_json_best_effort()))
+  except Exception:  # noqa: BLE001 -- a suggestion only: an unknown baseline is a fresh workdir
+    return {}
+
+
+def _fresh_workdir(target: str, expected: dict, own: str) -> tuple[str, bool]:
+  """(workdir, whether it already holds the run `expected` describes): `target`, or `target`-2,
+  -3, ... past the existing workdirs of other runs. Never `own` (the run's own workdir)."""
+  from lpjax.train._run_compare import differences, read_config
+
+  candidate, n = target, 2
+  while os.path.lexists(candidate):
+    existing = read_config(candidate)
+    if (expected and existing and os.path.abspath(candidate) != os.path.abspath(own)
+        and not differences(expected, existing)
+        and existing.get("quant.recipe") == expected.get("quant.recipe")):
+      return candidate, True
+    candidate, n = f"{target}-{n}", n + 1
+  return candidate, False
 
 
 def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
@@ -257,22 +315,32 @@ def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
                   have_matplotlib: bool | None = None) -> list[tuple[str, str]]:
   """(command, what it does) pairs that train.py's summary suggests after a run: plot it, train
   its baseline in the other precision (the sibling config file, e.g. *_bf16.py for *_mxfp4.py,
-  or the same file with --config.quant.recipe), and plot both together. `overrides`: the run's
-  --config.x=y flags, kept in the baseline's command (but its recipe's). Without matplotlib
+  or the same file with --config.quant.recipe), and plot both together. Without matplotlib
   (`have_matplotlib`; None: look for it; `make train` installs only what training needs) the
   first command installs the plot requirements.
 
+  `overrides`: the run's --config.x=y flags. The baseline keeps only those that make the two
+  runs comparable (steps, batch, sequence length, data, seed, optimizer and schedule, model,
+  evaluation: `lpjax.train._run_compare.compared`), not the monitor, logging, checkpoint or
+  recipe ones. Its workdir names those differences (runs/exp_bf16_steps50) and is never an
+  existing workdir of another run (a -2, -3, ... is added); an existing workdir that holds the
+  same baseline (its config.json) is suggested as it is, and the command says already complete.
+
   Examples:
     >>> for c, what in next_commands("/nonexistent/exp_mxfp4.py", "runs/exp", "mxfp4",
-    ...                              ["--config.steps=50"], have_matplotlib=True):
+    ...                              ["--config.steps=50", "--config.monitor.every=10"],
+    ...                              have_matplotlib=True):
     ...   print(c, "#", what)
     python -m lpjax.plot runs/exp # its loss curves as a PNG
-    python train.py --config=/nonexistent/exp_mxfp4.py --config.steps=50 --config.quant.recipe=bf16 --workdir=runs/exp_bf16 # the same run in bf16, the baseline
-    python -m lpjax.plot runs/exp runs/exp_bf16 # both runs in one picture, with the gap
+    python train.py --config=/nonexistent/exp_mxfp4.py --config.steps=50 --config.quant.recipe=bf16 --workdir=runs/exp_bf16_steps50 # the same run in bf16, the baseline
+    python -m lpjax.plot runs/exp runs/exp_bf16_steps50 # both runs in one picture, with the gap
 
   With a sibling config file (configs/llama_tiny_bf16.py beside configs/llama_tiny_mxfp4.py) the
-  baseline is that file, in the workdir train.py gives it by default (runs/llama_tiny_bf16).
+  baseline is that file, in the workdir train.py gives it by default (runs/llama_tiny_bf16) when
+  the run has no compared overrides.
   """
+  from lpjax.train._run_compare import compared, read_config
+
   if have_matplotlib is None:
     have_matplotlib = importlib.util.find_spec("matplotlib") is not None
   commands = []
@@ -287,23 +355,30 @@ def next_commands(config_path: str, workdir: str, recipe: str, overrides=(),
   tokens = stem.split("_")
   swap = [i for i, t in enumerate(tokens) if t.lower() in (recipe.split(":")[0].lower(),
                                                             *_FULL_PRECISION, "mxfp4", "nvfp4")]
-  flags = [_shell_quoted(o) for o in overrides
-           if not o.startswith(("--config.quant.recipe", "--config.quant.high_precision_recipe"))]
+  kept = [o for o in overrides if o.startswith("--config.") and compared(_flag_key(o))]
+  flags = [_shell_quoted(o) for o in kept]
   sibling = None
   if swap:
     tokens[swap[-1]] = other
     sibling = os.path.join(folder, "_".join(tokens) + ext)
   parent = os.path.dirname(workdir.rstrip("/"))
+  suffix = "_" + _name_part(kept) if kept else ""
   if sibling and os.path.isfile(sibling):
     target = os.path.join(parent, os.path.splitext(os.path.basename(sibling))[0])
     if target == workdir:
       target += "_" + other
+    expected = _baseline_config(sibling, kept, other) if os.path.lexists(target + suffix) else {}
+    target, done = _fresh_workdir(target + suffix, expected, workdir)
     args = [f"--config={sibling}", *flags, f"--workdir={target}"]
   else:
-    target = workdir.rstrip("/") + "_" + other
+    expected = read_config(workdir)
+    expected = dict(expected, **{"quant.recipe": other}) if expected else {}
+    target, done = _fresh_workdir(workdir.rstrip("/") + "_" + other + suffix, expected, workdir)
     args = [f"--config={config_path}", *flags, f"--config.quant.recipe={other}",
             f"--workdir={target}"]
   what = "the same run in bf16, the baseline" if low else "the same run in MXFP4, to compare"
+  if done:
+    what += f" ({target} holds it already: the command resumes it or says already complete)"
   commands.append((f"{python} train.py " + " ".join(args), what))
   commands.append((f"{python} -m lpjax.plot {workdir} {target}",
                    "both runs in one picture, with the gap"))

@@ -32,6 +32,68 @@ def learning_rate_schedule(config) -> optax.Schedule:
       decay_steps=max(config.steps, warmup + 1), end_value=o.lr * o.min_lr_ratio)
 
 
+# The config keys the learning-rate schedule reads (`learning_rate_schedule`).
+SCHEDULE_KEYS = ("steps", "optimizer.lr", "optimizer.warmup_steps", "optimizer.min_lr_ratio")
+
+
+def schedule_change(saved: dict, config, step: int) -> str:
+  """What resuming at `step` does to the learning rate when the schedule's keys changed since the
+  checkpoint (`saved`: its flat config, {dotted key: value}): the lr at `step` under the old and
+  the new schedule, and where the new one ends. "" when the schedule is unchanged.
+
+  The schedule is a function of (step, config): a resumed run with more `steps` stretches the
+  cosine to the new end, so the lr at the resume step jumps back up. No config key keeps the old
+  curve; the message says so and what to do instead.
+
+  Examples:
+    >>> from lpjax.train.config import llama_config
+    >>> c = llama_config("tiny", optimizer="adamw")
+    >>> c.steps, c.optimizer.lr, c.optimizer.warmup_steps = 360, 1e-3, 100
+    >>> text = schedule_change({"steps": 300, "optimizer.lr": 1e-3}, c, 300)
+    >>> import textwrap
+    >>> print(textwrap.fill(text.strip(), 90))
+    The learning-rate schedule changes with it: at step 300 the lr was 1.00e-04 and is now
+    2.13e-04 (+113%); the cosine now decays to 1.00e-04 at step 360 instead of step 300. No
+    config key keeps the old curve: resume with --config.steps=300 to keep it, or train the
+    longer run afresh in a new --workdir for one schedule from the start.
+  """
+  changed = [k for k in SCHEDULE_KEYS if k in saved and saved[k] != _flat_get(config, k)]
+  if not changed:
+    return ""
+  old = config.copy_and_resolve_references()
+  with old.unlocked():
+    for key in changed:
+      node = old
+      *parents, leaf = key.split(".")
+      for p in parents:
+        node = node[p]
+      node[leaf] = type(_flat_get(config, key))(saved[key])
+  before = float(learning_rate_schedule(old)(step))
+  after = float(learning_rate_schedule(config)(step))
+  jump = f" ({100 * (after - before) / before:+.0f}%)" if before else ""
+  o = config.optimizer
+  text = (f" The learning-rate schedule changes with it: at step {step} the lr was {before:.2e} "
+          f"and is now {after:.2e}{jump}; the cosine now decays to {o.lr * o.min_lr_ratio:.2e} at "
+          f"step {config.steps}")
+  if "steps" in changed:
+    text += f" instead of step {saved['steps']}"
+  text += "."
+  if "steps" in changed and before != after:
+    text += (f" No config key keeps the old curve: resume with --config.steps={saved['steps']} to "
+             "keep it, or train the longer run afresh in a new --workdir for one schedule from the "
+             "start.")
+  if "steps" in changed and o.name == "stable_spam" and o.get("total_steps", 0) == -1:
+    text += " Stable-SPAM's b1 / gamma1 cosine (optimizer.total_steps=-1) follows the new steps too."
+  return text
+
+
+def _flat_get(config, key):
+  node = config
+  for part in key.split("."):
+    node = node[part]
+  return node
+
+
 def decay_mask(params):
   """Which tensors weight decay applies to, for every optimizer of the trainer: matrices and
   higher-rank kernels (ndim >= 2), not biases or norm scales, as the papers' AdamW setups do.

@@ -71,11 +71,26 @@ def _hms(seconds) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+_ENDED = {"finished": "finished", "stopped": "stopped (stop_after)",
+          "killed": "killed or crashed (counted up to its last checkpoint)"}
+
+
+def _segment(s: dict) -> str:
+  """One segment of a resumed run: "steps 0 -> 160: 0:07:03 (31.0 s compiling), interrupted by
+  SIGINT"."""
+  ended = s.get("ended", "?")
+  ended = (f"interrupted by {s['signal']}" if ended == "interrupted" and s.get("signal")
+           else _ENDED.get(ended, ended))
+  return (f"steps {s.get('start_step', '?')} -> {s.get('end_step', '?')}: "
+          f"{_hms(s.get('wall_s'))} ({s.get('compile_s', 0) or 0:.1f} s compiling), {ended}")
+
+
 def format_summary(results: dict, workdir: str, next_commands=()) -> str:
   """The end-of-run summary: what ran and for how long, the final train loss, each evaluation
   metric with the run's quantization beside the same weights in full precision (and their
   difference: what the low-precision recipe costs at evaluation), the workdir's files, and the
-  commands to try next (`next_commands`: (command, what it does) pairs).
+  commands to try next (`next_commands`: (command, what it does) pairs). The time is the whole
+  run's; a run resumed after a stop or a kill lists its segments (results.json's `segments`).
 
   Examples:
     >>> r = {"steps": 300, "tokens": 1228800, "final_train_loss": 2.31, "final_eval_loss": 2.2954,
@@ -96,10 +111,15 @@ def format_summary(results: dict, workdir: str, next_commands=()) -> str:
   unit = next((k for k in ("tokens", "images", "examples") if k in results), None)
   amount = f" ({_number(results[unit])} {unit})" if unit else ""
   what = f"{results.get('task', '?')} model {results.get('model', '?')}"
+  segments = [s for s in results.get("segments") or () if isinstance(s, dict)]
   lines = [f"Finished: {results.get('steps', '?')} steps{amount} of {what}, recipe "
            f"{results.get('recipe', '?')}, optimizer {results.get('optimizer', '?')},",
            f"in {_hms(results.get('wall_time_s'))} (of which "
-           f"{results.get('compile_time_s', 0) or 0:.1f} s compiling).", ""]
+           f"{results.get('compile_time_s', 0) or 0:.1f} s compiling)"
+           + (f", over {len(segments)} segments:" if len(segments) > 1 else ".")]
+  if len(segments) > 1:
+    lines += [f"  {_segment(s)}" for s in segments]
+  lines.append("")
   if "final_train_loss" in results:
     lines.append(f"  final train loss: {_number(results['final_train_loss'])} (last logged step)")
   pairs = [k[len("final_eval_"):] for k in results

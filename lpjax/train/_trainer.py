@@ -30,11 +30,12 @@ from lpjax.train._checkpoint import CheckpointWriteError, Checkpointer
 from lpjax.train._compiled_steps import CompiledSteps
 from lpjax.train._metrics import MetricWriter, Progress
 from lpjax.train._monitor import Monitor
-from lpjax.train._optimizers import learning_rate_schedule, make_optimizer
+from lpjax.train._optimizers import learning_rate_schedule, make_optimizer, schedule_change
 from lpjax.train._precision import PrecisionController
 from lpjax.train._process import StopSignals, cpu_allocator_hint, maybe_initialize_distributed
 from lpjax.train._results import read_results, write_results
 from lpjax.train._resume import StateMismatch, config_changes, flat_config, resolve_mismatch
+from lpjax.train._segments import Segments
 from lpjax.train import _step as step_lib
 from lpjax.train._step import TrainState, init_state, make_train_step
 from lpjax.train._tasks import make_task
@@ -85,6 +86,7 @@ class Trainer(CompiledSteps):
                                      keep=config.keep_checkpoints)
     self.stop_signal = None  # the signal number that stopped the last run(), if any
     self.compile_seconds = 0.0  # time spent compiling train steps in this process
+    self.segments = Segments(None, 0)  # this run's segments (one per process); run() sets it
     self.monitor = Monitor(self)  # config.monitor: per-site numerics, alerts, per-site fallback
 
   # --- state ----------------------------------------------------------------------------------
@@ -122,7 +124,8 @@ class Trainer(CompiledSteps):
     if meta.get("config") is not None:
       self.resume_changes = changes = config_changes(meta["config"], self.flat_config)
       if changes and int(step) < self.config.steps:
-        log.warning("Resuming step %d with config changes: %s.", step, ", ".join(changes))
+        log.warning("Resuming step %d with config changes: %s.%s", step, ", ".join(changes),
+                    schedule_change(meta["config"], self.config, int(step)))
     return restored, meta
 
   # --- steps ----------------------------------------------------------------------------------
@@ -162,6 +165,8 @@ class Trainer(CompiledSteps):
     done = self._results_if_complete(state)
     if done is not None:
       return done
+    self.segments = Segments(meta.get("segments"), int(state.step), start_time,
+                             read_results(self.workdir))  # for results.json
     self._announce_model(state)
     self.precision.load(meta.get("precision", {}))
     self.monitor.start(meta.get("monitor", {}), int(state.step))  # after precision: sets its policy
@@ -207,8 +212,8 @@ class Trainer(CompiledSteps):
       if k != "step":
         results["final_" + k.replace("/", "_")] = v
     results.update(skipped_steps=int(state.skipped), rollbacks=rollbacks,
-                   wall_time_s=time.time() - start_time,
-                   compile_time_s=round(self.compile_seconds, 2), task=c.task, recipe=c.quant.recipe,
+                   **self.segments.results(int(state.step), self.compile_seconds),
+                   task=c.task, recipe=c.quant.recipe,
                    optimizer=c.optimizer.name, **self.task.describe(), **self.monitor.results())
     if self.is_main:
       results = write_results(self.workdir, results)
@@ -255,9 +260,10 @@ class Trainer(CompiledSteps):
     self.checkpointer.close()
     return results
 
-  def _meta(self, units, rollbacks):
+  def _meta(self, units, rollbacks, segments=()):
     return {"precision": self.precision.dump(), "units": int(units), "rollbacks": rollbacks,
-            "config": self.flat_config, "monitor": self.monitor.dump()}
+            "config": self.flat_config, "monitor": self.monitor.dump(),
+            "segments": list(segments)}
 
   def _train_until(self, state, end_step, units, rollbacks, writer, signals):
     """Steps to end_step; returns (state, units, last logged loss, last eval metrics)."""
@@ -309,7 +315,7 @@ class Trainer(CompiledSteps):
         progress.restart_clock()
       if ((c.checkpoint_every and done % c.checkpoint_every == 0) or done == end_step
           or signals.received):
-        self._save(done, state, units, rollbacks)
+        self._save(done, state, units, rollbacks, self._ending(done, end_step, signals))
       if signals.received:
         log.warning("Stopped by %s at step %d; the checkpoint resumes from there.",
                     signal.Signals(signals.received).name, done)
@@ -317,10 +323,21 @@ class Trainer(CompiledSteps):
     progress.close()
     return state, units, last_loss, eval_metrics
 
-  def _save(self, step, state, units, rollbacks):
+  def _save(self, step, state, units, rollbacks, ending=("running", None)):
     """Checkpoints `state`. Its parameters and optimizer state are finite by construction: the
-    train step never applies a non-finite update (and a rollback verifies what it restores)."""
-    self.checkpointer.save(step, state, self._meta(units, rollbacks))
+    train step never applies a non-finite update (and a rollback verifies what it restores).
+    `ending`: (how this segment stands, the signal that stopped it), for the run's segments."""
+    segments = self.segments.dump(step, self.compile_seconds, *ending)
+    self.checkpointer.save(step, state, self._meta(units, rollbacks, segments))
+
+  def _ending(self, done, end_step, signals):
+    """(ended, signal name) of this segment at a checkpoint of step `done` (_segments.ENDINGS,
+    or "running" before its end)."""
+    if signals.received:
+      return "interrupted", signal.Signals(signals.received).name
+    if done >= self.config.steps:
+      return "finished", None
+    return ("stopped" if done == end_step else "running"), None
 
   def _too_many_skips(self, state, done, rollbacks, writer):
     c = self.config

@@ -72,6 +72,14 @@ def reference(tmp_path_factory):
   return workdir
 
 
+def _segments(workdir):
+  """(start_step, end_step, ended, signal) of each segment in results.json (totals checked)."""
+  results = json.load(open(os.path.join(workdir, "results.json")))
+  segments = results["segments"]
+  assert results["wall_time_s"] == pytest.approx(sum(s["wall_s"] for s in segments), abs=0.05)
+  return [(s["start_step"], s["end_step"], s["ended"], s.get("signal")) for s in segments]
+
+
 def _assert_same_run(resumed, reference):
   import jax
   a, b = _final_state(resumed), _final_state(reference)
@@ -98,11 +106,16 @@ def test_sigkill_then_restart_is_bit_identical(tmp_path, reference, moment):
   proc.send_signal(signal.SIGKILL)
   code, _ = _finish(proc)
   assert code == -signal.SIGKILL
-  assert _steps(workdir)[-1] < STEPS
+  killed_at = _steps(workdir)[-1]
+  assert killed_at < STEPS
   code, out = _finish(_start(workdir))
   assert code == 0, out[-3000:]
   assert "Resumed from" in out
   _assert_same_run(workdir, reference)
+  # the killed process counts up to its last checkpoint
+  assert _segments(workdir) == [(0, killed_at, "killed", None),
+                                (killed_at, STEPS, "finished", None)]
+  assert "over 2 segments" in out
 
 
 def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path, reference):
@@ -120,3 +133,6 @@ def test_sigterm_checkpoints_and_exits_then_resumes(tmp_path, reference):
   assert code == 0, out[-3000:]
   assert f"at step {stopped_at}" in out
   _assert_same_run(workdir, reference)
+  assert _segments(workdir) == [(0, stopped_at, "interrupted", "SIGTERM"),
+                                (stopped_at, STEPS, "finished", None)]
+  assert f"steps 0 -> {stopped_at}: " in out and "interrupted by SIGTERM" in out

@@ -4,6 +4,7 @@ commands, and train.py printing it."""
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 
@@ -107,11 +108,72 @@ def test_the_summary_of_an_image_task_pairs_each_metric(tmp_path):
 def test_next_commands_use_the_sibling_bf16_config_for_a_fp4_run():
   config = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")
   commands = [c for c, _ in cli.next_commands(config, "runs/llama_tiny_mxfp4", "mxfp4",
-                                              ["--config.steps=50"], have_matplotlib=True)]
+                                              have_matplotlib=True)]
   bf16 = os.path.join(ROOT, "configs", "llama_tiny_bf16.py")
-  assert commands[1] == (f"python train.py --config={bf16} --config.steps=50 "
-                         "--workdir=runs/llama_tiny_bf16")
+  assert commands[1] == f"python train.py --config={bf16} --workdir=runs/llama_tiny_bf16"
   assert commands[2] == "python -m lpjax.plot runs/llama_tiny_mxfp4 runs/llama_tiny_bf16"
+
+
+MXFP4, BF16 = (os.path.join(ROOT, "configs", f"llama_tiny_{r}.py") for r in ("mxfp4", "bf16"))
+
+
+def _baseline(tmp_path, overrides):
+  """(baseline train.py command as argv, its plot command) after a run of llama_tiny_mxfp4 in
+  tmp_path/llama_tiny_mxfp4 with `overrides`."""
+  commands = cli.next_commands(MXFP4, str(tmp_path / "llama_tiny_mxfp4"), "mxfp4", overrides,
+                               have_matplotlib=True)
+  return shlex.split(commands[1][0]), commands[2][0], commands[1][1]
+
+
+def _write_run(workdir, config_file, **values):
+  """A workdir whose config.json is `config_file`'s config with `values` (dotted keys) set."""
+  from config_helpers import override
+
+  from lpjax.train.config import load_config_file
+  workdir.mkdir()
+  (workdir / "config.json").write_text(
+      override(load_config_file(config_file), **values).to_json_best_effort())
+
+
+def test_the_baseline_keeps_only_the_overrides_that_make_the_runs_comparable(tmp_path):
+  watch = ["--config.monitor.every=20", "--config.log_every=5", "--config.checkpoint_every=50",
+           "--config.progress_bar=False", "--config.data.prefetch=0", "--config.keep_checkpoints=1",
+           "--config.quant.rules=^lm_head$->bf16", "--config.mesh.fsdp=2"]
+  same = ["--config.steps=160", "--config.optimizer.lr=2e-3", "--config.seed=1",
+          "--config.batch_size=16", "--config.data.path=my corpus/*.txt"]
+  argv, plot_command, _ = _baseline(tmp_path, watch[:3] + same + watch[3:])
+  assert argv[3:-1] == same  # in their order, quoted for a shell; nothing else
+  workdir = argv[-1].split("=", 1)[1]
+  assert argv[:3] == ["python", "train.py", f"--config={BF16}"]
+  assert os.path.dirname(workdir) == str(tmp_path)
+  assert os.path.basename(workdir).startswith("llama_tiny_bf16_cfg")  # a hash: the name is long
+  assert plot_command == f"python -m lpjax.plot {tmp_path / 'llama_tiny_mxfp4'} {workdir}"
+  argv, _, _ = _baseline(tmp_path, ["--config.steps=160", "--config.monitor.every=20"])
+  assert argv[3:] == ["--config.steps=160", f"--workdir={tmp_path / 'llama_tiny_bf16_steps160'}"]
+
+
+def test_an_existing_workdir_of_another_run_is_never_the_baseline(tmp_path):
+  # The new user's case: a 300-step bf16 run exists; the baseline of a 160-step run is not it.
+  _write_run(tmp_path / "llama_tiny_bf16", BF16, steps=300, seed=5)
+  _write_run(tmp_path / "llama_tiny_bf16_steps160", BF16, steps=300)
+  (tmp_path / "llama_tiny_bf16_steps160-2").mkdir()  # a workdir without config.json: not it
+  argv, plot_command, what = _baseline(tmp_path, ["--config.steps=160"])
+  fresh = str(tmp_path / "llama_tiny_bf16_steps160-3")
+  assert argv[-1] == f"--workdir={fresh}" and not os.path.exists(fresh)
+  assert plot_command.endswith(f" {fresh}") and "holds it already" not in what
+  argv, _, _ = _baseline(tmp_path, [])  # no compared override: the default workdir, if it fits
+  assert argv[-1] == f"--workdir={tmp_path / 'llama_tiny_bf16-2'}"
+
+
+def test_an_existing_workdir_of_the_same_baseline_is_suggested_again(tmp_path):
+  _write_run(tmp_path / "llama_tiny_bf16_steps160", BF16, steps=160,
+             **{"log_every": 1, "monitor.every": 5})  # watched differently: still the same run
+  argv, plot_command, what = _baseline(tmp_path, ["--config.steps=160"])
+  assert argv[-1] == f"--workdir={tmp_path / 'llama_tiny_bf16_steps160'}"
+  assert "holds it already" in what
+  _write_run(tmp_path / "llama_tiny_bf16", BF16, **{"quant.recipe": "mxfp4"})  # not a bf16 run
+  argv, _, _ = _baseline(tmp_path, [])
+  assert argv[-1] == f"--workdir={tmp_path / 'llama_tiny_bf16-2'}"
 
 
 def test_next_commands_of_a_bf16_run_suggest_mxfp4():
@@ -142,5 +204,8 @@ def test_train_py_ends_with_the_summary(tmp_path):
   assert "Finished: 2 steps (512 tokens) of lm model tiny, recipe bf16" in text
   assert f"Files in {workdir}:" in text and "results.json" in text
   assert "--config.quant.recipe" not in text  # the sibling file is the other run
-  assert f"-m lpjax.plot {workdir} {tmp_path / 'llama_tiny_mxfp4'}" in text
+  baseline = tmp_path / "llama_tiny_mxfp4_steps2_batch_size8_seq_len32_eval_steps1"
+  assert (f"--config.steps=2 --config.batch_size=8 --config.seq_len=32 --config.eval_steps=1 "
+          f"--workdir={baseline}\n") in text  # not the progress bar's or the prefetch's flags
+  assert f"-m lpjax.plot {workdir} {baseline}" in text
   assert "precision phase: the run's own recipe" in out.stderr

@@ -25,6 +25,9 @@ def test_tiny_configs_run_and_write_results(tmp_path, recipe, optimizer):
               "final_eval_loss_fp", "wall_time_s"):
     assert key in saved, key
   assert saved["steps"] == 3 and saved["tokens"] == 3 * 8 * 32
+  (segment,) = saved["segments"]  # one process: one segment, its time the run's
+  assert (segment["start_step"], segment["end_step"], segment["ended"]) == (0, 3, "finished")
+  assert saved["wall_time_s"] == pytest.approx(segment["wall_s"], abs=0.01)
   assert np.isfinite(saved["final_eval_loss"]) and np.isfinite(saved["final_eval_loss_fp"])
   assert abs(saved["final_eval_ppl"] - np.exp(saved["final_eval_loss"])) < 1e-6 * saved["final_eval_ppl"]
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
