@@ -22,7 +22,12 @@ from lpjax.train._trainer import Trainer  # noqa: E402
 V, D, F, H, KV, L = 257, 64, 96, 4, 2, 2
 
 
-def _hf(path, tied=True):
+TOKENIZER = {"tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE"}}',
+             "tokenizer_config.json": b'{"tokenizer_class": "LlamaTokenizerFast"}',
+             "generation_config.json": b'{"bos_token_id": 1, "eos_token_id": 2}'}
+
+
+def _hf(path, tied=True, extra=None):
   rng = np.random.default_rng(0)
   w = lambda *s: (rng.standard_normal(s) * 0.05).astype(np.float32)
   t = {"model.embed_tokens.weight": w(V, D), "model.norm.weight": np.ones(D, np.float32)}
@@ -36,7 +41,8 @@ def _hf(path, tied=True):
               p + "post_attention_layernorm.weight": w(D) + 1})
   config = {"model_type": "llama", "vocab_size": V, "hidden_size": D, "intermediate_size": F,
             "num_attention_heads": H, "num_key_value_heads": KV, "num_hidden_layers": L,
-            "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied}
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
+            **(extra or {})}
   hf_llama.write_checkpoint(str(path), config, t)
   return t
 
@@ -155,3 +161,77 @@ def test_a_factory_model_takes_a_converter(tmp_path):
   params = Trainer(c, str(tmp_path / "b")).init_state().params
   np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"]),
                                 tensors["model.embed_tokens.weight"])
+
+
+def _exported_config(path):
+  with open(os.path.join(path, "config.json")) as f:
+    return json.load(f)
+
+
+def test_the_export_keeps_the_imported_config_and_tokenizer(tmp_path):
+  """max_position_embeddings, bos / eos and unknown keys survive a run at seq_len 16; the
+  checkpoint's tokenizer files are copied beside the weights. Before: max_position_embeddings
+  became 16, bos / eos were dropped, no tokenizer file was written."""
+  _hf(tmp_path / "hf", extra={"bos_token_id": 1, "eos_token_id": 2, "pretraining_tp": 1})
+  for name, content in TOKENIZER.items():
+    (tmp_path / "hf" / name).write_bytes(content)
+  Trainer(_config(tmp_path / "hf", 1), str(tmp_path / "run")).run()
+  run, out = f"--workdir={tmp_path / 'run'}", tmp_path / "bf16"
+  assert lpexport.main([run, f"--out={out}", "--format=bf16"]) == 0
+  config = _exported_config(out)
+  assert config["max_position_embeddings"] == 64  # the checkpoint's, not the run's seq_len 16
+  assert (config["bos_token_id"], config["eos_token_id"], config["pretraining_tp"]) == (1, 2, 1)
+  assert config["torch_dtype"] == "bfloat16" and "quantization_config" not in config
+  for name, content in TOKENIZER.items():
+    assert (out / name).read_bytes() == content, name
+  # the run's length replaces it only when the run sets model.max_seq_len
+  with open(tmp_path / "run" / "config.json") as f:
+    run_config = json.load(f)
+  run_config["model"]["max_seq_len"] = 32
+  with open(tmp_path / "run" / "config.json", "w") as f:
+    json.dump(run_config, f)
+  assert lpexport.main([run, f"--out={tmp_path / 'b2'}", "--format=bf16"]) == 0
+  assert _exported_config(tmp_path / "b2")["max_position_embeddings"] == 32
+
+
+def test_a_run_whose_init_from_folder_moved_exports_and_resumes_from_its_workdir(tmp_path, capsys):
+  """The run keeps the checkpoint's config.json and tokenizer files in <workdir>/init_from: with
+  the folder moved, the export and the trainer (what `python -m lpjax.advise --workdir` builds)
+  read them there, and the weights from the run's checkpoint. Before: a ConfigError traceback."""
+  _hf(tmp_path / "hf", extra={"bos_token_id": 1, "eos_token_id": 2})
+  for name, content in TOKENIZER.items():
+    (tmp_path / "hf" / name).write_bytes(content)
+  config = _config(tmp_path / "hf", 1)
+  Trainer(config, str(tmp_path / "run")).run()
+  os.rename(tmp_path / "hf", tmp_path / "moved")
+  run = f"--workdir={tmp_path / 'run'}"
+  assert lpexport.main([run, f"--out={tmp_path / 'out'}", "--format=mxfp4"]) == 0
+  exported = _exported_config(tmp_path / "out")
+  assert (exported["max_position_embeddings"], exported["bos_token_id"]) == (64, 1)
+  assert (tmp_path / "out" / "tokenizer.json").read_bytes() == TOKENIZER["tokenizer.json"]
+  trainer = Trainer(config, str(tmp_path / "run"))
+  state, _ = trainer.restore_or_init()
+  assert int(state.step) == 1
+  # a workdir with the copy but no checkpoint of its own cannot start: one config error
+  os.makedirs(tmp_path / "run2")
+  os.rename(tmp_path / "run" / "init_from", tmp_path / "run2" / "init_from")
+  with pytest.raises(ConfigError, match="that folder is gone and this run has no checkpoint"):
+    Trainer(config, str(tmp_path / "run2")).init_state()
+  # a run without the copy (written before it was kept): one error line, no traceback
+  assert lpexport.main([run, f"--out={tmp_path / 'out2'}", "--format=mxfp4"]) == 1
+  err = capsys.readouterr().err
+  assert "has no config.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fresh_models_export_names_its_byte_tokenizer_and_trained_length(tmp_path):
+  from lpjax._export_metadata import export_metadata
+
+  c = override(config_file("llama_tiny_mxfp4"), seq_len=16,
+               **{"data.seq_len_schedule": "24:0.5"})
+  base, max_positions, files = export_metadata(c, str(tmp_path))
+  assert base == {"max_position_embeddings": 24, "bos_token_id": 256, "eos_token_id": 256}
+  assert max_positions is None
+  assert sorted(files) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+  assert json.loads(files["tokenizer_config.json"])["model_max_length"] == 24
+  c = override(c, **{"model.max_seq_len": 48})
+  assert export_metadata(c, str(tmp_path))[1] == 48
