@@ -1,12 +1,13 @@
-"""python -m lpjax.export --workdir=W --out=D --format={bf16,mxfp4,nvfp4}: a training run's newest
+"""python -m lpjax.export --workdir=W --out=D --format=F: a training run's newest
 checkpoint as a Hugging Face LLaMA checkpoint (config.json + safetensors).
 
 The run is read as the trainer reads it (lpjax.train): its config (<workdir>/config.json), its
 newest checkpoint (<workdir>/checkpoints) and the precision schedule's state saved with it, which
 give the policy the run's forward pass used at its last step. bf16 writes the master weights
-rounded to bf16; mxfp4 / nvfp4 pack the linear weights that policy quantizes exactly as its
-forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has
-the layouts), and keep embeddings, norms and the layers the policy kept in bf16. config.json keeps
+rounded to bf16; the FP4 formats (nvfp4-ct and mxfp4-ct: compressed-tensors' layouts, which
+transformers and vLLM load; nvfp4: NVIDIA ModelOpt's; mxfp4: gpt-oss's tensor names) pack the
+linear weights that policy quantizes exactly as its forward GEMMs quantized them
+(`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has the layouts), and keep embeddings, norms and the layers the policy kept in bf16. config.json keeps
 what the imported checkpoint said (max_position_embeddings, bos / eos, rope_scaling), and the
 tokenizer files go beside the weights (lpjax/_export_metadata.py).
 
@@ -30,7 +31,7 @@ import os
 import sys
 import warnings
 
-FORMATS = ("bf16", "mxfp4", "nvfp4")
+FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4")
 
 
 class ExportError(RuntimeError):
@@ -131,7 +132,9 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True, help="the train.py run's directory")
   parser.add_argument("--out", required=True, help="the Hugging Face checkpoint directory to write")
   parser.add_argument("--format", default="bf16", choices=FORMATS,
-                      help="bf16 weights, or the run's MXFP4 / NVFP4 packed linear weights")
+                      help="bf16 weights, or the run's packed linear weights: nvfp4-ct / mxfp4-ct "
+                      "(compressed-tensors' nvfp4- / mxfp4-pack-quantized: transformers, vLLM), "
+                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names)")
   parser.add_argument("--allow_requantize", action="store_true",
                       help="when the run's forward weight quantizer cannot be packed as it ran "
                       "(a Hadamard transform, QuEST, stochastic rounding), pack the "

@@ -29,6 +29,7 @@ import dataclasses
 from lpjax.models._hf_checkpoint_files import CheckpointError
 from lpjax.models.llama import LlamaConfig
 
+_LLAMA3 = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # keys of a base config.json that describe its file, not the model: never carried over
 _DROPPED = ("quantization_config", "torch_dtype", "dtype", "transformers_version", "_name_or_path")
 
@@ -61,8 +62,12 @@ def llama_config_from_hf(hf: dict, **fields) -> tuple[LlamaConfig, HFLayout]:
   for key in ("attention_bias", "mlp_bias"):
     if hf.get(key):
       problems.append(f"{key} is true (lpjax's LLaMA has no biases)")
-  if hf.get("rope_scaling"):
-    problems.append(f"rope_scaling {hf['rope_scaling']!r} (lpjax's LLaMA: plain RoPE)")
+  scaling = hf.get("rope_scaling") or {}
+  kind_of_scaling = scaling.get("rope_type", scaling.get("type"))
+  if scaling and kind_of_scaling != "llama3":
+    problems.append(f"rope_scaling {scaling!r} (lpjax's LLaMA: plain RoPE or rope_type 'llama3')")
+  elif scaling and not all(k in scaling for k in _LLAMA3):
+    problems.append(f"rope_scaling {scaling!r} lacks {', '.join(k for k in _LLAMA3 if k not in scaling)}")
   heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
   kv = int(hf.get("num_key_value_heads") or heads)
   if hidden % heads or heads % kv:
@@ -78,13 +83,29 @@ def llama_config_from_hf(hf: dict, **fields) -> tuple[LlamaConfig, HFLayout]:
                     intermediate=int(hf["intermediate_size"]), heads=heads,
                     layers=int(hf["num_hidden_layers"]),
                     rope_theta=float(hf.get("rope_theta", 10000.0)),
-                    norm_eps=float(hf.get("rms_norm_eps", 1e-6)), **fields)
-  return cfg, HFLayout(kv_heads=kv, tied=bool(hf.get("tie_word_embeddings", False)))
+                    norm_eps=float(hf.get("rms_norm_eps", 1e-6)), num_kv_heads=0 if kv == heads else kv,
+                    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                    rope_scaling=_scaling_pairs(scaling), **fields)
+  return cfg, layout_of(cfg)
+
+
+def _scaling_pairs(scaling: dict) -> tuple:
+  """LlamaConfig.rope_scaling of a Hugging Face rope_scaling dict (llama3's keys)."""
+  if not scaling:
+    return ()
+  out = {k: float(scaling[k]) for k in _LLAMA3}
+  out["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
+  return tuple(sorted({**out, "rope_type": "llama3"}.items()))
+
+
+def layout_of(cfg: LlamaConfig) -> HFLayout:
+  """The HFLayout of lpjax's LLaMA `cfg`: its own k / v heads and tying."""
+  return HFLayout(kv_heads=cfg.kv_heads, tied=cfg.tie_embeddings)
 
 
 def hf_config(cfg: LlamaConfig, dtype: str = "bfloat16", base: dict | None = None,
               max_positions: int | None = None) -> dict:
-  """The Hugging Face config.json dict of `cfg` (untied, one k / v head per query head).
+  """The Hugging Face config.json dict of `cfg` (its k / v heads, tying and rope_scaling).
 
   base: the config.json the model was imported from (or the keys a fresh model's export sets:
     bos / eos of its tokenizer, the length it trained at); every key the architecture does not
@@ -97,10 +118,13 @@ def hf_config(cfg: LlamaConfig, dtype: str = "bfloat16", base: dict | None = Non
   out.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
               "intermediate_size": cfg.intermediate, "num_attention_heads": cfg.heads,
-              "num_key_value_heads": cfg.heads, "num_hidden_layers": cfg.layers,
+              "num_key_value_heads": cfg.kv_heads, "num_hidden_layers": cfg.layers,
               "head_dim": cfg.hidden // cfg.heads, "max_position_embeddings": int(positions),
               "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
               "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-              "tie_word_embeddings": False, "torch_dtype": dtype})
-  out.setdefault("rope_scaling", None)
+              "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": dtype})
+  if cfg.rope_scaling:
+    out["rope_scaling"] = {**(out.get("rope_scaling") or {}), **dict(cfg.rope_scaling)}
+  else:
+    out["rope_scaling"] = None
   return out

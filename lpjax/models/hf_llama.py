@@ -7,9 +7,9 @@ The Hugging Face layout (`LlamaForCausalLM`): tensors `model.embed_tokens.weight
 `model.norm.weight` and `lm_head.weight` (absent when `tie_word_embeddings`), linear weights in
 PyTorch's (out, in) orientation; lpjax's kernels are (in, out). Both apply RoPE in the half-split
 convention (`rotate_half`, lpjax.models.llama.rope), so q and k need no permutation. Grouped-query
-attention (num_key_value_heads < num_attention_heads) is imported by repeating each k / v head for
-its group of query heads, which is what the attention computes (lpjax's LLaMA has one k / v head
-per query head); tied embeddings become an LM head equal to the embedding table.
+attention (num_key_value_heads < num_attention_heads), tied embeddings and Llama 3's rope_scaling
+are lpjax's LLaMA's own (LlamaConfig.num_kv_heads, tie_embeddings, rope_scaling): a checkpoint is
+imported and exported with its structure, k / v weights as they are, no lm_head when tied.
 
 Exports (`export_tensors`) write bf16 (or float32) weights, or the linear weights packed in the
 public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`: gpt-oss's MXFP4 `*_blocks` /
@@ -44,8 +44,10 @@ import numpy as np
 from lpjax import quant
 from lpjax.models._hf_checkpoint_files import (  # noqa: F401 (re-exported)
     CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint)
-from lpjax.models._hf_config import HFLayout, hf_config, llama_config_from_hf  # noqa: F401
-from lpjax.models._hf_fp4_layouts import FORMATS, QUANT_LAYOUTS, quantization_config
+from lpjax.models._hf_config import (  # noqa: F401 (re-exported)
+    HFLayout, hf_config, layout_of, llama_config_from_hf)
+from lpjax.models._hf_fp4_layouts import (FORMATS, QUANT_LAYOUTS, hf_quant_config,
+                                           quantization_config)
 from lpjax.models.llama import LlamaConfig, abstract_model, init_params  # noqa: F401 (examples)
 from lpjax.quant import QuantPolicy, path_str
 
@@ -111,17 +113,17 @@ def check_tensors(tensors: dict, expected: dict, where: str = "the checkpoint"):
 
 def _from_hf(tensor: np.ndarray, path: str, cfg: LlamaConfig, layout: HFLayout) -> np.ndarray:
   """One Hugging Face tensor as lpjax's parameter at `path` (float32)."""
+  del cfg, layout  # the model has the checkpoint's structure
   t = np.asarray(tensor).astype(np.float32)
-  if path.endswith(("k_proj/kernel", "v_proj/kernel")) and layout.kv_heads != cfg.heads:
-    hd = cfg.hidden // cfg.heads
-    t = np.repeat(t.reshape(layout.kv_heads, hd, cfg.hidden), cfg.heads // layout.kv_heads,
-                  axis=0).reshape(cfg.hidden, cfg.hidden)
   return t.T if path.endswith("kernel") else t
 
 
 def params_from_tensors(tensors: dict, cfg: LlamaConfig, layout: HFLayout,
                         policy: QuantPolicy | None = None, where: str = "the checkpoint"):
   """lpjax LLaMA params (laid out for `policy`: scanned or unrolled) from Hugging Face tensors."""
+  if layout != layout_of(cfg):
+    raise ValueError(f"{where}: the checkpoint has {layout}, the model {layout_of(cfg)}; build "
+                     "the LlamaConfig with llama_config_from_hf.")
   check_tensors(tensors, expected_shapes(cfg, layout), where)
   _, abstract = abstract_model(cfg, policy)
   stacked = cfg.scanned(policy if policy is not None else QuantPolicy())
@@ -129,8 +131,6 @@ def params_from_tensors(tensors: dict, cfg: LlamaConfig, layout: HFLayout,
 
   def one(path, leaf):
     name = _lpjax_path(path)
-    if name == "lm_head/kernel" and layout.tied:
-      return np.asarray(tensors["model.embed_tokens.weight"]).astype(np.float32).T.astype(dtype)
     if name.startswith("layers/"):
       if stacked:
         canonical = name
@@ -211,7 +211,8 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     policy = policy.for_model(num_blocks=cfg.layers)
     packed = _packed(params, policy, layout, cfg.compute_dtype, requantize)
   elif layout not in ("bf16", "float32"):
-    raise ValueError(f"Unknown layout {layout!r}; valid: bf16, float32, mxfp4, nvfp4.")
+    raise ValueError(f"Unknown layout {layout!r}; valid: bf16, float32, "
+                     f"{', '.join(QUANT_LAYOUTS)}.")
   tensors, kept = {}, []
   for name, a in flat.items():
     block = int(name.split("/")[1]) if name.startswith("layers/") else None
@@ -225,6 +226,8 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
       kept.append(hf[:-len(".weight")])
     tensors[hf] = (a.T if name.endswith("kernel") else a).astype(np.float32).astype(dtype)
   if layout in QUANT_LAYOUTS:
+    if cfg.tie_embeddings:  # the client's lm_head module (tied to the embedding) stays unquantized
+      kept.append("lm_head")
     config["quantization_config"] = quantization_config(
         layout, sorted(kept), [w.requantized for w in packed.values() if w.requantized])
   return config, tensors
@@ -243,6 +246,9 @@ def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat
   config, tensors = export_tensors(cfg, params, layout=layout, policy=policy,
                                    requantize=requantize, base_config=base_config,
                                    max_positions=max_positions)
+  modelopt = hf_quant_config(config)
+  if modelopt is not None:
+    files = {**(files or {}), "hf_quant_config.json": json.dumps(modelopt, indent=2)}
   write_checkpoint(path, config, tensors, max_shard_bytes, files=files, overwrite=overwrite)
 
 

@@ -6,7 +6,7 @@ in tests/train/test_hf_checkpoints.py.
 | case | before | now |
 |---|---|---|
 | export into a non-empty folder | written beside the old shards, stale weights read back | refused; overwrite replaces the folder whole |
-| NVFP4 weight_scale_2 on disk | shape (1,) | a scalar, shape () |
+| ModelOpt NVFP4 export | quant_algo NVFP4 (W4A4: loaders want input_scale), weight_scale_2 (1,), no hf_quant_config.json | W4A16_NVFP4, a scalar, hf_quant_config.json with exclude_modules, "ignore" in config.json |
 | DenseGeneral (32, 4, 8) / Conv1D (5, 16, 32) kernel | split into 32 / 5 "blocks", packed | left as they are, listed in a warning |
 | a scanned stack whose leading axis is not num_blocks | split | left as it is, listed |
 | params/ or model/ prefixes | the policy's anchored rules missed: a bf16 layer packed as FP4 | rules match the model's own names |
@@ -76,13 +76,25 @@ def test_the_export_cli_refuses_a_non_empty_out_in_one_line(tmp_path, capsys):
   assert "is not empty" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_scalar_weight_scale_2_stays_a_scalar_on_disk(tmp_path):
+def test_the_modelopt_nvfp4_export_is_the_weight_only_variant_with_its_files(tmp_path):
+  """Before: quant_algo "NVFP4" (ModelOpt's weights-and-activations variant, whose loader wants an
+  input_scale per layer), weight_scale_2 of shape (1,), no hf_quant_config.json, the kept modules
+  under a key neither loader reads in config.json."""
   cfg = _cfg()
   params = llama.init_params(cfg, jax.random.key(0))
   hf_llama.save_pretrained(str(tmp_path / "nv"), cfg, params, dtype="nvfp4",
                            policy=quant.QuantPolicy.from_settings("nvfp4"))
   t = hf_llama.read_tensors(str(tmp_path / "nv"))
   assert t["model.layers.0.mlp.up_proj.weight_scale_2"].shape == ()
+  assert not any(k.endswith("input_scale") for k in t)
+  with open(tmp_path / "nv" / "hf_quant_config.json") as f:
+    modelopt = json.load(f)["quantization"]
+  assert (modelopt["quant_algo"], modelopt["group_size"]) == ("W4A16_NVFP4", 16)
+  assert modelopt["exclude_modules"] == ["lm_head"]
+  with open(tmp_path / "nv" / "config.json") as f:
+    qc = json.load(f)["quantization_config"]
+  assert (qc["quant_method"], qc["quant_algo"], qc["ignore"]) == (
+      "modelopt", "W4A16_NVFP4", ["lm_head"])
 
 
 # --- export_weights on models lpjax did not write ----------------------------------------------

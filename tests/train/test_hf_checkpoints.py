@@ -69,11 +69,13 @@ def test_init_from_starts_from_the_checkpoint(tmp_path):
   trainer = Trainer(_config(tmp_path / "hf", 1), str(tmp_path / "run"))
   cfg = trainer.task.model_config
   assert (cfg.hidden, cfg.intermediate, cfg.heads, cfg.layers, cfg.vocab_size) == (D, F, H, L, V)
+  assert (cfg.kv_heads, cfg.tie_embeddings) == (KV, True)  # GQA and tied, as the checkpoint
   params = trainer.init_state().params
   np.testing.assert_array_equal(np.asarray(params["embed"]["embedding"][...]),
                                 tensors["model.embed_tokens.weight"])
-  np.testing.assert_array_equal(np.asarray(params["lm_head"]["kernel"][...]),  # tied
-                                tensors["model.embed_tokens.weight"].T)
+  assert "lm_head" not in params  # tied: the head is the embedding table
+  np.testing.assert_array_equal(np.asarray(params["layers"]["attn"]["k_proj"]["kernel"][...][0]),
+                                tensors["model.layers.0.self_attn.k_proj.weight"].T)
   np.testing.assert_array_equal(np.asarray(params["layers"]["mlp"]["down_proj"]["kernel"][...][1]),
                                 tensors["model.layers.1.mlp.down_proj.weight"].T)
 
@@ -87,7 +89,7 @@ def test_a_bad_init_from_is_a_config_error(tmp_path):
 
 
 def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
-  _hf(tmp_path / "hf")
+  source = _hf(tmp_path / "hf")
   trainer = Trainer(_config(tmp_path / "hf", 3), str(tmp_path / "run"))
   trainer.run()
   state = trainer.restore_or_init()[0]
@@ -107,6 +109,10 @@ def test_train_then_export_holds_what_the_forward_pass_used(tmp_path):
   got = _decode_mxfp4(packed, "model.layers.1.self_attn.q_proj")
   assert np.array_equal(got, want)
   assert packed["model.embed_tokens.weight"].dtype.name == "bfloat16"
+  # the export has the checkpoint's structure: GQA k / v of KV heads, tied (no lm_head)
+  bf16 = hf_llama.read_tensors(str(tmp_path / "bf16"))
+  assert {k: v.shape for k, v in bf16.items()} == {k: v.shape for k, v in source.items()}
+  assert _exported_config(tmp_path / "bf16")["num_key_value_heads"] == KV
   # the bf16 export imports back as the trained weights rounded to bf16
   cfg2, back = hf_llama.load_pretrained(str(tmp_path / "bf16"), max_seq_len=cfg.max_seq_len)
   assert (cfg2.hidden, cfg2.layers, cfg2.vocab_size) == (cfg.hidden, cfg.layers, cfg.vocab_size)

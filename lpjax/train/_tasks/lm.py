@@ -172,7 +172,8 @@ def llama_config_of(config, vocab_size: int, workdir: str | None = None) -> llam
   return llama.LlamaConfig.from_size(
       m.size, vocab_size=m.vocab_size or vocab_size, max_seq_len=m.max_seq_len or config.seq_len,
       remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
-      param_dtype=m.param_dtype)
+      param_dtype=m.param_dtype, num_kv_heads=m.get("num_kv_heads", 0),
+      tie_embeddings=m.get("tie_embeddings", False))
 
 
 def lm_loss(graphdef, model_config: llama.LlamaConfig, vocab_chunks: int, params, batch, policy,
