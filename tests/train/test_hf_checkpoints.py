@@ -241,3 +241,18 @@ def test_a_fresh_models_export_names_its_byte_tokenizer_and_trained_length(tmp_p
   assert json.loads(files["tokenizer_config.json"])["model_max_length"] == 24
   c = override(c, **{"model.max_seq_len": 48})
   assert export_metadata(c, str(tmp_path))[1] == 48
+
+
+def test_a_fresh_model_takes_grouped_kv_heads_and_tied_embeddings(tmp_path):
+  from lpjax.train._tasks.lm import LanguageModelTask
+
+  c = override(config_file("llama_tiny_mxfp4"), seq_len=16, batch_size=2,
+               **{"data.prefetch": 0, "model.num_kv_heads": 2, "model.tie_embeddings": True})
+  task = LanguageModelTask(c)
+  cfg = task.model_config
+  assert (cfg.heads, cfg.kv_heads, cfg.tie_embeddings) == (4, 2, True)
+  params = task.init_variables(jax.random.key(0))[0]
+  assert "lm_head" not in params
+  assert params["layers"]["attn"]["v_proj"]["kernel"][...].shape == (cfg.layers, 128, 64)
+  with pytest.raises(ConfigError, match="model.num_kv_heads 3 must divide the 4"):
+    Trainer(override(c, **{"model.num_kv_heads": 3}), str(tmp_path / "bad"))
