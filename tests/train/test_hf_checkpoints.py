@@ -256,3 +256,5 @@ def test_a_fresh_model_takes_grouped_kv_heads_and_tied_embeddings(tmp_path):
   assert params["layers"]["attn"]["v_proj"]["kernel"][...].shape == (cfg.layers, 128, 64)
   with pytest.raises(ConfigError, match="model.num_kv_heads 3 must divide the 4"):
     Trainer(override(c, **{"model.num_kv_heads": 3}), str(tmp_path / "bad"))
+  with pytest.raises(ConfigError, match="mesh.tensor 2 must divide model.num_kv_heads 1"):
+    Trainer(override(c, **{"model.num_kv_heads": 1, "mesh.tensor": 2}), str(tmp_path / "bad2"))
