@@ -111,3 +111,35 @@ def test_transformers_loads_the_compressed_tensors_fp4_export(tmp_path, fmt, rec
     assert np.abs(got - want).max() < 3 * gap + 1e-4 * scale
   size = lambda d: os.path.getsize(tmp_path / d / "model.safetensors")
   assert size("fp4") < 0.7 * size("bf16")
+
+
+def test_a_llama3_style_checkpoint_imports_with_transformers_logits_to_1e_5(tmp_path):
+  """GQA (2 k / v heads for 4), tied embeddings, rope_scaling llama3, rope_theta 500000: lpjax's
+  import computes what transformers' LlamaForCausalLM computes from the same files."""
+  rng = np.random.default_rng(0)
+  d, f, heads, kv, layers, vocab = 64, 96, 4, 2, 2, 67
+  hd = d // heads
+  w = lambda *shape: (rng.standard_normal(shape) * 0.15).astype(np.float32)
+  t = {"model.embed_tokens.weight": w(vocab, d), "model.norm.weight": 1 + w(d)}
+  for i in range(layers):
+    p = f"model.layers.{i}."
+    t.update({p + "self_attn.q_proj.weight": w(d, d), p + "self_attn.k_proj.weight": w(kv * hd, d),
+              p + "self_attn.v_proj.weight": w(kv * hd, d), p + "self_attn.o_proj.weight": w(d, d),
+              p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
+              p + "mlp.down_proj.weight": w(d, f), p + "input_layernorm.weight": 1 + w(d),
+              p + "post_attention_layernorm.weight": 1 + w(d)})
+  config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+            "hidden_size": d, "intermediate_size": f, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "num_hidden_layers": layers,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "hidden_act": "silu", "tie_word_embeddings": True, "torch_dtype": "float32"}
+  hf_llama.write_checkpoint(str(tmp_path), config, t)
+  cfg, params = hf_llama.load_pretrained(str(tmp_path), max_seq_len=16)
+  assert (cfg.kv_heads, cfg.tie_embeddings, dict(cfg.rope_scaling)["rope_type"]) == (
+      kv, True, "llama3")
+  want = _transformers_logits(tmp_path, TOKENS)
+  got = _lpjax_logits(cfg, params, TOKENS)
+  assert np.abs(want).max() > 1.0
+  assert np.abs(got - want).max() < 1e-5  # measured 3.0e-6 (max |logit| 4.1)
