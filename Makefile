@@ -110,5 +110,27 @@ venv-tf: $(TF_VENV)/bin/python
 test-tf: venv-tf
 	$(TF_VENV)/bin/python -m pytest -n 2 tests/data/test_tfds_text_tf.py tests/data/test_data.py $(PYTEST_ARGS)
 
+# The optional interop extra (requirements-interop.txt: CPU torch, transformers, compressed-tensors)
+# in its own venv, on top of requirements-dev.txt, and the tests where those clients read lpjax's
+# exports (they skip without it). Not part of `make test`: the install takes ~7 minutes and 2.3 GB.
+.PHONY: venv-interop test-interop
+INTEROP_VENV ?= .venv-interop
+INTEROP_TESTS := tests/models/test_hf_clients.py tests/models/test_hf_tokenizer.py
+$(INTEROP_VENV)/bin/python:
+	@$(PY_CHECK)
+	$(PY) -m venv $(INTEROP_VENV)
+	$(INTEROP_VENV)/bin/pip install -q --upgrade pip
+
+$(INTEROP_VENV)/.installed-interop: $(INTEROP_VENV)/bin/python requirements-dev.txt requirements-interop.txt
+	$(INTEROP_VENV)/bin/pip install -q -r requirements-dev.txt
+	$(INTEROP_VENV)/bin/pip install -q -r requirements-interop.txt
+	$(INTEROP_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+venv-interop: $(INTEROP_VENV)/.installed-interop
+
+test-interop: venv-interop
+	$(INTEROP_VENV)/bin/python -m pytest $(INTEROP_TESTS) $(PYTEST_ARGS)
+
 clean:
 	rm -rf $(VENV) $(TF_VENV) build *.egg-info

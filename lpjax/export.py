@@ -1,12 +1,15 @@
-"""python -m lpjax.export --workdir=W --out=D --format={bf16,mxfp4,nvfp4}: a training run's newest
+"""python -m lpjax.export --workdir=W --out=D --format=F: a training run's newest
 checkpoint as a Hugging Face LLaMA checkpoint (config.json + safetensors).
 
 The run is read as the trainer reads it (lpjax.train): its config (<workdir>/config.json), its
 newest checkpoint (<workdir>/checkpoints) and the precision schedule's state saved with it, which
 give the policy the run's forward pass used at its last step. bf16 writes the master weights
-rounded to bf16; mxfp4 / nvfp4 pack the linear weights that policy quantizes exactly as its
-forward GEMMs quantized them (`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has
-the layouts), and keep embeddings, norms and the layers the policy kept in bf16.
+rounded to bf16; the FP4 formats (nvfp4-ct and mxfp4-ct: compressed-tensors' layouts, which
+transformers and vLLM load; nvfp4: NVIDIA ModelOpt's; mxfp4: gpt-oss's tensor names) pack the
+linear weights that policy quantizes exactly as its forward GEMMs quantized them
+(`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has the layouts), and keep embeddings, norms and the layers the policy kept in bf16. config.json keeps
+what the imported checkpoint said (max_position_embeddings, bos / eos, rope_scaling), and the
+tokenizer files go beside the weights (lpjax/_export_metadata.py).
 
 A run whose forward weight quantizer packed values cannot reproduce (the `mxfp4` preset's random
 Hadamard transform, quartet's QuEST after a fixed Hadamard transform, nvfp4_4over6's scheme) is
@@ -28,7 +31,7 @@ import os
 import sys
 import warnings
 
-FORMATS = ("bf16", "mxfp4", "nvfp4")
+FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4")
 
 
 class ExportError(RuntimeError):
@@ -36,7 +39,8 @@ class ExportError(RuntimeError):
 
 
 def load_run(workdir: str):
-  """(LlamaConfig, params, policy, step) of the newest checkpoint of the run in `workdir`."""
+  """(LlamaConfig, params, policy, step, run config) of the newest checkpoint of the run in
+  `workdir`."""
   import jax  # noqa: PLC0415 -- `--help` stays instant
   import ml_collections  # noqa: PLC0415
 
@@ -64,7 +68,7 @@ def load_run(workdir: str):
   structure = ckpt.saved_structure(step)
   vocab = next(shape[0] for path, (shape, _) in structure.items()
                if path.startswith("params/embed/embedding"))
-  cfg = llama_config_of(config, vocab)
+  cfg = llama_config_of(config, vocab, workdir)
   controller = PrecisionController(config)
   meta = ckpt.saved_meta(step) or {}
   controller.load(meta.get("precision", {}))
@@ -81,26 +85,40 @@ def load_run(workdir: str):
                         jax.eval_shape(abstract_state))
   state, _ = ckpt.restore(step, target)
   ckpt.close()
-  return cfg, state.params, policy, int(step)
+  return cfg, state.params, policy, int(step), config
 
 
-def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False) -> dict:
+def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
+           overwrite: bool = False) -> dict:
   """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict
-  ("requantized": the reasons, when `allow_requantize` packed other values than the forward's)."""
+  ("requantized": the reasons, when `allow_requantize` packed other values than the forward's).
+  A non-empty `out` is refused unless `overwrite`; then it is replaced whole (written beside it,
+  renamed into place)."""
+  from lpjax._export_metadata import export_metadata  # noqa: PLC0415
   from lpjax.models import hf_llama  # noqa: PLC0415
 
   if fmt not in FORMATS:
     raise ExportError(f"--format={fmt!r}; valid: {', '.join(FORMATS)}.")
-  cfg, params, policy, step = load_run(workdir)
+  from lpjax.train import ConfigError  # noqa: PLC0415
+
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ExportError(f"--out={out} is not empty; an export never writes beside other files: give "
+                      "a new or empty directory, or --overwrite to replace it.")
+  try:
+    cfg, params, policy, step, config = load_run(workdir)
+    base, max_positions, files = export_metadata(config, workdir)
+  except (ConfigError, hf_llama.CheckpointError) as error:
+    raise ExportError(str(error)) from None
   try:
     with warnings.catch_warnings():  # a requantization is reported in the summary (and by main)
       warnings.filterwarnings("ignore", "export_weights: ", UserWarning)
       hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy,
-                               requantize=allow_requantize)
+                               requantize=allow_requantize, base_config=base,
+                               max_positions=max_positions, files=files, overwrite=overwrite)
   except ValueError as error:
     raise ExportError(str(error).replace("requantize=True (python -m lpjax.export "
                                          "--allow_requantize)", "--allow_requantize")) from error
-  files = sorted(f for f in os.listdir(out) if f.endswith((".safetensors", ".json")))
+  files = sorted(os.listdir(out))
   with open(os.path.join(out, "config.json")) as f:
     requantized = json.load(f).get("quantization_config", {}).get("lpjax_requantized", {})
   return {"step": step, "format": fmt, "out": out, "files": files,
@@ -114,14 +132,20 @@ def main(argv=None) -> int:
   parser.add_argument("--workdir", required=True, help="the train.py run's directory")
   parser.add_argument("--out", required=True, help="the Hugging Face checkpoint directory to write")
   parser.add_argument("--format", default="bf16", choices=FORMATS,
-                      help="bf16 weights, or the run's MXFP4 / NVFP4 packed linear weights")
+                      help="bf16 weights, or the run's packed linear weights: nvfp4-ct / mxfp4-ct "
+                      "(compressed-tensors' nvfp4- / mxfp4-pack-quantized: transformers, vLLM), "
+                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names)")
   parser.add_argument("--allow_requantize", action="store_true",
                       help="when the run's forward weight quantizer cannot be packed as it ran "
                       "(a Hadamard transform, QuEST, stochastic rounding), pack the "
                       "round-to-nearest of the trained weights instead (not the forward's values)")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="replace a non-empty --out directory (written beside it, then renamed "
+                      "into place); without it a non-empty --out is refused")
   args = parser.parse_args(argv)
   try:
-    summary = export(args.workdir, args.out, args.format, allow_requantize=args.allow_requantize)
+    summary = export(args.workdir, args.out, args.format, allow_requantize=args.allow_requantize,
+                     overwrite=args.overwrite)
   except ExportError as error:
     print(f"error: {error}", file=sys.stderr)
     return 1

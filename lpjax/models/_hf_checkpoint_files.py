@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 
 import ml_dtypes
 import numpy as np
@@ -62,6 +64,10 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
   if not files:
     raise CheckpointError(f"{path} holds no safetensors file ({SINGLE}, or shards named in "
                           f"{INDEX}).")
+  missing = [name for name in files if not os.path.isfile(os.path.join(path, name))]
+  if missing:
+    raise CheckpointError(f"{path}: {INDEX} names {len(missing)} safetensors file(s) that are "
+                          f"not there: {', '.join(missing)}; copy the whole checkpoint.")
   out = {}
   for name in files:
     file = os.path.join(path, name)
@@ -69,21 +75,69 @@ def read_tensors(path: str) -> dict[str, np.ndarray]:
       with st.safe_open(file, framework="numpy") as f:
         out.update({key: f.get_tensor(key) for key in f.keys()})
     except (AttributeError, TypeError, KeyError):  # a dtype numpy lacks (FP8 scales): by hand
-      with open(file, "rb") as f:
-        for key, t in st.deserialize(f.read()):
-          if t["dtype"] not in _DTYPES:
-            raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax "
-                                  f"does not read ({', '.join(_DTYPES)}).") from None
-          out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
+      out.update(_read_by_hand(st, file, name))
+    except Exception as error:  # noqa: BLE001 -- safetensors' SafetensorError, an OSError
+      raise CheckpointError(f"{file} is no readable safetensors file ({error}); copy it "
+                            "again.") from None
+  return out
+
+
+def _read_by_hand(st, file: str, name: str) -> dict:
+  """The tensors of one file, decoded here (a dtype numpy's safetensors reader lacks)."""
+  out = {}
+  with open(file, "rb") as f:
+    for key, t in st.deserialize(f.read()):
+      if t["dtype"] not in _DTYPES:
+        raise CheckpointError(f"{name}: tensor {key} has dtype {t['dtype']}, which lpjax "
+                              f"does not read ({', '.join(_DTYPES)}).") from None
+      out[key] = np.frombuffer(bytes(t["data"]), _DTYPES[t["dtype"]]).reshape(t["shape"])
   return out
 
 
 def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
-                     max_shard_bytes: int | None = None) -> list[str]:
+                     max_shard_bytes: int | None = None, files: dict | None = None, *,
+                     overwrite: bool = False) -> list[str]:
   """Writes config.json and the tensors (one model.safetensors, or shards of at most
-  `max_shard_bytes` with model.safetensors.index.json); returns the safetensors file names."""
+  `max_shard_bytes` with model.safetensors.index.json), and `files` ({name: bytes or str}: the
+  tokenizer's, generation_config.json); returns the safetensors file names.
+
+  The directory is written whole beside `path` (a hidden temporary sibling) and renamed into
+  place, so that an export never mixes with what `path` held before: a non-empty `path` is
+  refused unless `overwrite`, and then replaced.
+  """
   st = _safetensors()
-  os.makedirs(path, exist_ok=True)
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f"{path} is a file; give a directory to write the checkpoint to.")
+  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+    raise CheckpointError(f"{path} is not empty ({', '.join(sorted(os.listdir(path))[:4])}"
+                          f"{', ...' if len(os.listdir(path)) > 4 else ''}); an export never "
+                          "writes beside other files: give an empty or new directory, or "
+                          "overwrite=True (python -m lpjax.export --overwrite) to replace it.")
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+  try:
+    names = _write_into(st, tmp, config, tensors, max_shard_bytes, files)
+    old = None
+    if os.path.isdir(path) and os.listdir(path):
+      old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
+      os.rename(path, os.path.join(old, "checkpoint"))
+    elif os.path.isdir(path):
+      os.rmdir(path)
+    os.rename(tmp, path)
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+  finally:
+    if os.path.isdir(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  return names
+
+
+def _write_into(st, path, config, tensors, max_shard_bytes, files) -> list[str]:
+  for name, content in (files or {}).items():
+    with open(os.path.join(path, name), "wb") as f:
+      f.write(content.encode() if isinstance(content, str) else content)
   with open(os.path.join(path, CONFIG), "w") as f:
     json.dump(config, f, indent=2)
   shards, size = [{}], 0
@@ -92,7 +146,9 @@ def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
     if max_shard_bytes and shards[-1] and size + n > max_shard_bytes:
       shards.append({})
       size = 0
-    shards[-1][key] = np.ascontiguousarray(tensors[key])
+    # np.ascontiguousarray would make a 0-d array 1-d: a scalar stays a scalar
+    t = np.asarray(tensors[key])
+    shards[-1][key] = t if t.flags.c_contiguous else np.ascontiguousarray(t).reshape(t.shape)
     size += n
   if len(shards) == 1:
     names = [SINGLE]

@@ -7,9 +7,9 @@ The Hugging Face layout (`LlamaForCausalLM`): tensors `model.embed_tokens.weight
 `model.norm.weight` and `lm_head.weight` (absent when `tie_word_embeddings`), linear weights in
 PyTorch's (out, in) orientation; lpjax's kernels are (in, out). Both apply RoPE in the half-split
 convention (`rotate_half`, lpjax.models.llama.rope), so q and k need no permutation. Grouped-query
-attention (num_key_value_heads < num_attention_heads) is imported by repeating each k / v head for
-its group of query heads, which is what the attention computes (lpjax's LLaMA has one k / v head
-per query head); tied embeddings become an LM head equal to the embedding table.
+attention (num_key_value_heads < num_attention_heads), tied embeddings and Llama 3's rope_scaling
+are lpjax's LLaMA's own (LlamaConfig.num_kv_heads, tie_embeddings, rope_scaling): a checkpoint is
+imported and exported with its structure, k / v weights as they are, no lm_head when tied.
 
 Exports (`export_tensors`) write bf16 (or float32) weights, or the linear weights packed in the
 public FP4 layouts with a `quantization_config` (`QUANT_LAYOUTS`: gpt-oss's MXFP4 `*_blocks` /
@@ -34,7 +34,6 @@ Examples:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -45,7 +44,10 @@ import numpy as np
 from lpjax import quant
 from lpjax.models._hf_checkpoint_files import (  # noqa: F401 (re-exported)
     CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint)
-from lpjax.models._hf_fp4_layouts import FORMATS, QUANT_LAYOUTS, quantization_config
+from lpjax.models._hf_config import (  # noqa: F401 (re-exported)
+    HFLayout, hf_config, layout_of, llama_config_from_hf)
+from lpjax.models._hf_fp4_layouts import (FORMATS, QUANT_LAYOUTS, hf_quant_config,
+                                           quantization_config)
 from lpjax.models.llama import LlamaConfig, abstract_model, init_params  # noqa: F401 (examples)
 from lpjax.quant import QuantPolicy, path_str
 
@@ -57,62 +59,6 @@ _BLOCK = {
     "mlp/down_proj": "mlp.down_proj",
     "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
 }
-
-
-# --- config ----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class HFLayout:
-  """What a Hugging Face config adds to a LlamaConfig: the k / v heads and the tying."""
-
-  kv_heads: int  # num_key_value_heads (GQA when < heads)
-  tied: bool  # tie_word_embeddings: no lm_head.weight, the LM head is the embedding table
-
-
-def llama_config_from_hf(hf: dict, **fields) -> tuple[LlamaConfig, HFLayout]:
-  """(LlamaConfig, HFLayout) of a Hugging Face LLaMA config.json dict; `fields` set the rest
-  (max_seq_len defaults to max_position_embeddings; scan_layers, dtypes, ...)."""
-  problems = []
-  kind = hf.get("model_type", "llama")
-  if kind != "llama":
-    problems.append(f"model_type is {kind!r}, not 'llama'")
-  if hf.get("hidden_act", "silu") != "silu":
-    problems.append(f"hidden_act {hf.get('hidden_act')!r} (lpjax's LLaMA: silu)")
-  for key in ("attention_bias", "mlp_bias"):
-    if hf.get(key):
-      problems.append(f"{key} is true (lpjax's LLaMA has no biases)")
-  if hf.get("rope_scaling"):
-    problems.append(f"rope_scaling {hf['rope_scaling']!r} (lpjax's LLaMA: plain RoPE)")
-  heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
-  kv = int(hf.get("num_key_value_heads") or heads)
-  if hidden % heads or heads % kv:
-    problems.append(f"hidden_size {hidden}, num_attention_heads {heads} and num_key_value_heads "
-                    f"{kv} do not divide")
-  if hf.get("head_dim") not in (None, hidden // max(heads, 1)):
-    problems.append(f"head_dim {hf['head_dim']} is not hidden_size / num_attention_heads")
-  if problems:
-    raise CheckpointError("This Hugging Face config is not a LLaMA lpjax can load: "
-                          + "; ".join(problems) + ".")
-  fields.setdefault("max_seq_len", int(hf.get("max_position_embeddings", 2048)))
-  cfg = LlamaConfig(vocab_size=int(hf["vocab_size"]), hidden=hidden,
-                    intermediate=int(hf["intermediate_size"]), heads=heads,
-                    layers=int(hf["num_hidden_layers"]),
-                    rope_theta=float(hf.get("rope_theta", 10000.0)),
-                    norm_eps=float(hf.get("rms_norm_eps", 1e-6)), **fields)
-  return cfg, HFLayout(kv_heads=kv, tied=bool(hf.get("tie_word_embeddings", False)))
-
-
-def hf_config(cfg: LlamaConfig, dtype: str = "bfloat16") -> dict:
-  """The Hugging Face config.json dict of `cfg` (untied, one k / v head per query head)."""
-  return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-          "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
-          "intermediate_size": cfg.intermediate, "num_attention_heads": cfg.heads,
-          "num_key_value_heads": cfg.heads, "num_hidden_layers": cfg.layers,
-          "head_dim": cfg.hidden // cfg.heads, "max_position_embeddings": cfg.max_seq_len,
-          "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_scaling": None,
-          "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-          "tie_word_embeddings": False, "torch_dtype": dtype}
 
 
 # --- lpjax params <-> Hugging Face tensors ----------------------------------------------------
@@ -167,17 +113,17 @@ def check_tensors(tensors: dict, expected: dict, where: str = "the checkpoint"):
 
 def _from_hf(tensor: np.ndarray, path: str, cfg: LlamaConfig, layout: HFLayout) -> np.ndarray:
   """One Hugging Face tensor as lpjax's parameter at `path` (float32)."""
+  del cfg, layout  # the model has the checkpoint's structure
   t = np.asarray(tensor).astype(np.float32)
-  if path.endswith(("k_proj/kernel", "v_proj/kernel")) and layout.kv_heads != cfg.heads:
-    hd = cfg.hidden // cfg.heads
-    t = np.repeat(t.reshape(layout.kv_heads, hd, cfg.hidden), cfg.heads // layout.kv_heads,
-                  axis=0).reshape(cfg.hidden, cfg.hidden)
   return t.T if path.endswith("kernel") else t
 
 
 def params_from_tensors(tensors: dict, cfg: LlamaConfig, layout: HFLayout,
                         policy: QuantPolicy | None = None, where: str = "the checkpoint"):
   """lpjax LLaMA params (laid out for `policy`: scanned or unrolled) from Hugging Face tensors."""
+  if layout != layout_of(cfg):
+    raise ValueError(f"{where}: the checkpoint has {layout}, the model {layout_of(cfg)}; build "
+                     "the LlamaConfig with llama_config_from_hf.")
   check_tensors(tensors, expected_shapes(cfg, layout), where)
   _, abstract = abstract_model(cfg, policy)
   stacked = cfg.scanned(policy if policy is not None else QuantPolicy())
@@ -185,8 +131,6 @@ def params_from_tensors(tensors: dict, cfg: LlamaConfig, layout: HFLayout,
 
   def one(path, leaf):
     name = _lpjax_path(path)
-    if name == "lm_head/kernel" and layout.tied:
-      return np.asarray(tensors["model.embed_tokens.weight"]).astype(np.float32).T.astype(dtype)
     if name.startswith("layers/"):
       if stacked:
         canonical = name
@@ -215,9 +159,36 @@ def _flat_params(params) -> dict[str, np.ndarray]:
   return out
 
 
+def _packed(params, policy: QuantPolicy, layout: str, dtype, requantize: bool) -> dict:
+  """`quant.export_weights` of `params` for `layout`; every reason the export cannot be made
+  (a format the run did not train in, a forward quantizer packed values cannot reproduce) in
+  one ValueError."""
+  problems = []
+  fits, _ = FORMATS[layout]
+  wrong = sorted({f"{getattr(r, 'name', '') or 'a recipe'} ({r.fwd.rhs.format.name})"
+                  for r in quant.weight_recipes(params, policy).values()
+                  if not fits(r.fwd.rhs.format)})
+  if wrong:
+    problems.append(f"--format={layout} cannot hold what the run trained: its weights were "
+                    f"quantized by {', '.join(wrong)}. What you train is what you serve: "
+                    "export the format the run's recipe uses, or bf16.")
+  packed = {}
+  try:
+    packed = quant.export_weights(params, policy, dtype=dtype, requantize=requantize)
+  except ValueError as error:
+    problems.append(str(error))
+  if problems:
+    raise ValueError(" Also: ".join(problems) if len(problems) > 1 else problems[0])
+  if not packed:
+    raise ValueError(f"--format={layout}: the policy quantizes no linear weight (its last step "
+                     "ran every layer in high precision); export bf16.")
+  return packed
+
+
 def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
-                   policy: QuantPolicy | None = None,
-                   requantize: bool = False) -> tuple[dict, dict]:
+                   policy: QuantPolicy | None = None, requantize: bool = False,
+                   base_config: dict | None = None,
+                   max_positions: int | None = None) -> tuple[dict, dict]:
   """(config.json dict, {name: numpy tensor}) of lpjax LLaMA `params` in the Hugging Face layout.
 
   layout: "bf16" / "float32" (every weight in that dtype), or "mxfp4" / "nvfp4": the linear
@@ -226,29 +197,22 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
   stay bf16. A forward weight quantizer that packed values cannot reproduce (the `mxfp4`
   preset's random Hadamard transform, quartet's QuEST) is refused unless `requantize`: then the
   round-to-nearest-even of the trained weights is packed, with a warning, and config.json's
-  quantization_config records it under "lpjax_requantized".
+  quantization_config records it under "lpjax_requantized". `base_config` / `max_positions`:
+  the config.json keys kept from the imported checkpoint (`hf_config`).
   """
   flat = _flat_params(params)
   dtype = np.float32 if layout == "float32" else ml_dtypes.bfloat16
-  config = hf_config(cfg, "float32" if layout == "float32" else "bfloat16")
+  config = hf_config(cfg, "float32" if layout == "float32" else "bfloat16", base_config,
+                     max_positions)
   packed = {}
   if layout in QUANT_LAYOUTS:
     if policy is None:
       raise ValueError(f"layout={layout!r} needs the policy the model was trained with.")
     policy = policy.for_model(num_blocks=cfg.layers)
-    packed = quant.export_weights(params, policy, dtype=cfg.compute_dtype, requantize=requantize)
-    if not packed:
-      raise ValueError(f"--format={layout}: the policy quantizes no linear weight (its last step "
-                       "ran every layer in high precision); export bf16.")
-    fits, _ = FORMATS[layout]
-    wrong = sorted({w.recipe + " (" + w.format.name + ")" for w in packed.values()
-                    if not fits(w.format)})
-    if wrong:
-      raise ValueError(f"--format={layout} cannot hold what the run trained: its weights were "
-                       f"quantized by {', '.join(wrong)}. What you train is what you serve: "
-                       "export the format the run's recipe uses, or bf16.")
+    packed = _packed(params, policy, layout, cfg.compute_dtype, requantize)
   elif layout not in ("bf16", "float32"):
-    raise ValueError(f"Unknown layout {layout!r}; valid: bf16, float32, mxfp4, nvfp4.")
+    raise ValueError(f"Unknown layout {layout!r}; valid: bf16, float32, "
+                     f"{', '.join(QUANT_LAYOUTS)}.")
   tensors, kept = {}, []
   for name, a in flat.items():
     block = int(name.split("/")[1]) if name.startswith("layers/") else None
@@ -262,6 +226,8 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
       kept.append(hf[:-len(".weight")])
     tensors[hf] = (a.T if name.endswith("kernel") else a).astype(np.float32).astype(dtype)
   if layout in QUANT_LAYOUTS:
+    if cfg.tie_embeddings:  # the client's lm_head module (tied to the embedding) stays unquantized
+      kept.append("lm_head")
     config["quantization_config"] = quantization_config(
         layout, sorted(kept), [w.requantized for w in packed.values() if w.requantized])
   return config, tensors
@@ -269,13 +235,21 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
 
 def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat16",
                     policy: QuantPolicy | None = None, max_shard_bytes: int | None = None,
-                    requantize: bool = False):
+                    requantize: bool = False, base_config: dict | None = None,
+                    max_positions: int | None = None, files: dict | None = None,
+                    overwrite: bool = False):
   """Writes `params` as a Hugging Face LLaMA checkpoint directory (`dtype`: "bfloat16",
-  "float32", "mxfp4" or "nvfp4"; `requantize`: see `export_tensors`)."""
+  "float32", "mxfp4" or "nvfp4"; `requantize`, `base_config`, `max_positions`: see
+  `export_tensors`; `files`: {file name: bytes} written beside the weights, e.g. the tokenizer's;
+  a non-empty `path` is refused unless `overwrite`, then replaced whole: `write_checkpoint`)."""
   layout = {"bfloat16": "bf16"}.get(dtype, dtype)
   config, tensors = export_tensors(cfg, params, layout=layout, policy=policy,
-                                   requantize=requantize)
-  write_checkpoint(path, config, tensors, max_shard_bytes)
+                                   requantize=requantize, base_config=base_config,
+                                   max_positions=max_positions)
+  modelopt = hf_quant_config(config)
+  if modelopt is not None:
+    files = {**(files or {}), "hf_quant_config.json": json.dumps(modelopt, indent=2)}
+  write_checkpoint(path, config, tensors, max_shard_bytes, files=files, overwrite=overwrite)
 
 
 def load_pretrained(path: str, policy: QuantPolicy | None = None, **fields):

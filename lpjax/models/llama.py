@@ -70,6 +70,17 @@ class LlamaConfig:
   scan_layers: bool = True  # one scanned block (compiles once) instead of `layers` unrolled copies
   compute_dtype: str = "float32"  # activation dtype
   param_dtype: str = "float32"  # master weight dtype
+  num_kv_heads: int = 0  # k / v heads (grouped-query attention, heads a multiple); 0: heads
+  tie_embeddings: bool = False  # the LM head is the embedding table (no lm_head parameter)
+  # RoPE frequency scaling as sorted (key, value) pairs of Hugging Face's rope_scaling dict;
+  # () plain RoPE. Supported: rope_type "llama3" (factor, low_freq_factor, high_freq_factor,
+  # original_max_position_embeddings), as Llama 3.1+ checkpoints use it
+  rope_scaling: tuple = ()
+
+  @property
+  def kv_heads(self) -> int:
+    """The k / v heads (`num_kv_heads`, or one per query head)."""
+    return self.num_kv_heads or self.heads
 
   @classmethod
   def from_size(cls, size: str, **fields) -> "LlamaConfig":
@@ -86,8 +97,10 @@ class LlamaConfig:
 
   @property
   def num_params_estimate(self) -> int:
-    per_block = 4 * self.hidden**2 + 3 * self.hidden * self.intermediate + 2 * self.hidden
-    return self.layers * per_block + 2 * self.vocab_size * self.hidden + self.hidden
+    kv = 2 * self.hidden * (self.hidden // self.heads) * self.kv_heads
+    per_block = 2 * self.hidden**2 + kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
+    tables = (1 if self.tie_embeddings else 2) * self.vocab_size * self.hidden
+    return self.layers * per_block + tables + self.hidden
 
 
 class RMSNorm(nnx.Module):
@@ -127,10 +140,28 @@ def _swiglu(gate, up):
   return jax.nn.silu(gate) * up
 
 
-def rope(x, theta: float):
-  """Rotary position embedding of x (B, L, H, D), positions 0..L-1 (half-split convention)."""
+def _llama3_freqs(freqs, scaling: dict):
+  """Llama 3's RoPE frequencies (Hugging Face's `_compute_llama3_parameters`): wavelengths past
+  original_max_position_embeddings / low_freq_factor slowed by `factor`, those under
+  .../ high_freq_factor kept, the ones between interpolated smoothly."""
+  factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor",
+                                                     "high_freq_factor"))
+  old = float(scaling["original_max_position_embeddings"])
+  wavelen = 2 * math.pi / freqs
+  scaled = jnp.where(wavelen > old / low, freqs / factor, freqs)
+  smooth = (old / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= old / high) & (wavelen <= old / low)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def rope(x, theta: float, scaling: tuple = ()):
+  """Rotary position embedding of x (B, L, H, D), positions 0..L-1 (half-split convention);
+  `scaling`: LlamaConfig.rope_scaling."""
   _, length, _, dim = x.shape
   freqs = 1.0 / (theta ** (jnp.arange(0, dim // 2, dtype=jnp.float32) * 2.0 / dim))
+  if scaling:
+    freqs = _llama3_freqs(freqs, dict(scaling))
   angles = jnp.arange(length, dtype=jnp.float32)[:, None] * freqs[None, :]
   cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -149,9 +180,11 @@ class Attention(nnx.Module):
     d, std = cfg.hidden, 0.02
     out_std = std / math.sqrt(2 * cfg.layers)
     self.heads, self.head_dim, self.theta = cfg.heads, d // cfg.heads, cfg.rope_theta
+    self.kv_heads, self.rope_scaling = cfg.kv_heads, cfg.rope_scaling
+    kv = self.kv_heads * self.head_dim
     self.q_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
-    self.k_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
-    self.v_proj = _dense(cfg, d, d, rngs, std, ("embed", "heads"))
+    self.k_proj = _dense(cfg, d, kv, rngs, std, ("embed", "heads"))
+    self.v_proj = _dense(cfg, d, kv, rngs, std, ("embed", "heads"))
     self.o_proj = _dense(cfg, d, d, rngs, out_std, ("heads", "embed"))
     self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
     self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
@@ -159,10 +192,13 @@ class Attention(nnx.Module):
   def __call__(self, x, key, block):
     b, length, d = x.shape
     site = lambda layer: layer.site_key(key, block)
-    split = lambda t: constrain(t.reshape(b, length, self.heads, self.head_dim), _HEADS)
-    q = rope(split(self.q_proj(x, key=site(self.q_proj))), self.theta)
-    k = rope(split(self.k_proj(x, key=site(self.k_proj))), self.theta)
+    split = lambda t: constrain(t.reshape(b, length, -1, self.head_dim), _HEADS)
+    q = rope(split(self.q_proj(x, key=site(self.q_proj))), self.theta, self.rope_scaling)
+    k = rope(split(self.k_proj(x, key=site(self.k_proj))), self.theta, self.rope_scaling)
     v = split(self.v_proj(x, key=site(self.v_proj)))
+    if self.kv_heads != self.heads:  # grouped-query: query head h reads k / v head h // group
+      group = self.heads // self.kv_heads
+      k, v = (constrain(jnp.repeat(t, group, axis=2), _HEADS) for t in (k, v))
     scores = self.attn_scores(q, k, key=site(self.attn_scores))
     probs = _causal_softmax(scores, math.sqrt(self.head_dim)).astype(x.dtype)
     recipe = self.attn_values.active_recipe()
@@ -223,7 +259,15 @@ class Llama(nnx.Module):
       self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.layers)])
     self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, pd)
     self.lm_head = _dense(cfg, cfg.hidden, cfg.vocab_size, rngs, 0.02, ("embed", "vocab"))
+    if cfg.tie_embeddings:  # the head multiplies the embedding table: no parameter of its own
+      self.lm_head.kernel = nnx.data(None)
     self.set_policy(policy)
+
+  def head_kernel(self):
+    """The LM head's (hidden, vocab) kernel: its own, or the embedding table's transpose."""
+    if self.cfg.tie_embeddings:
+      return self.embed.embedding[...].T
+    return self.lm_head.kernel[...]
 
   def set_policy(self, policy: QuantPolicy) -> list[tuple[str, str]]:
     """Hands `policy` (completed with this model's blocks) to every quantized layer."""
@@ -236,6 +280,8 @@ class Llama(nnx.Module):
 
   def __call__(self, tokens, *, key):
     features, head_key = self.features(tokens, key=key)
+    if self.cfg.tie_embeddings:
+      return constrain(self.lm_head(features, key=head_key, kernel=self.head_kernel()), _VOCAB)
     return constrain(self.lm_head(features, key=head_key), _VOCAB)
 
   def features(self, tokens, *, key):
@@ -325,7 +371,7 @@ def apply_features(graphdef, cfg: LlamaConfig, params, tokens, policy: QuantPoli
   # Under FSDP the head is gathered once, here: the loss slices it inside a loop, where each
   # slice would otherwise be gathered on its own, in the forward and again in the recomputation.
   lm_head = model.lm_head
-  kernel = quant.gather_weight(lm_head.kernel[...], lm_head.kernel_axes)
+  kernel = quant.gather_weight(model.head_kernel(), lm_head.kernel_axes)
 
   def head(x, start, size):
     logits = lm_head.columns(x, start, size, key=head_key, kernel=kernel)

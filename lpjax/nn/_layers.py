@@ -113,8 +113,10 @@ class QDense(_Quantized):
     self.bias = self._init_bias(use_bias, bias_init, out_features, param_dtype, rngs)
     self._setup_quant(recipe, policy, path, collect_stats, rngs)
 
-  def __call__(self, x, *, key=None):
-    x, kernel, bias, recipe, key = self._prepare(x, key)
+  def __call__(self, x, *, key=None, kernel=None):
+    """x @ kernel (+ bias); `kernel`: another (in, out) kernel than the layer's own (a tied
+    LM head's embedding table)."""
+    x, kernel, bias, recipe, key = self._prepare(x, key, kernel)
     dn = (((x.ndim - 1,), (0,)), ((), ()))
     self._sow_stats(lambda: quant.operand_stats(x, kernel, dn, recipe, key=key))
     with self._monitored(recipe):

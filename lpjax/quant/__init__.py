@@ -71,7 +71,7 @@ from lpjax.quant.policy import DEFAULT_HIGH_PRECISION, QuantPolicy, path_str
 from lpjax.quant.gemm.weight_gather import gather_weight, weight_sharding
 from lpjax.quant.recipes import NAMES as RECIPE_NAMES
 from lpjax.quant.recipes import get as get_recipe
-from lpjax.quant.export import PackedWeight, export_weights
+from lpjax.quant.export import PackedWeight, export_weights, weight_recipes
 
 # Where FP4 hurts: per-site numerics and the precision advisor (docs/numerics_monitor.md).
 from lpjax.quant.monitor.advisor import Advice, advise
@@ -100,5 +100,5 @@ __all__ = [
     # per-site numerics and the precision advisor
     "Advice", "SiteStats", "advise", "site_stats",
     # packed weights for serving
-    "PackedWeight", "export_weights",
+    "PackedWeight", "export_weights", "weight_recipes",
 ]

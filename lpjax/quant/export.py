@@ -131,13 +131,101 @@ def _pack(w_t, op, recipe, requantized: str) -> PackedWeight:
                       requantized)
 
 
-def export_weights(params, policy: QuantPolicy, *, dtype=None,
-                   requantize: bool = False) -> dict[str, PackedWeight]:
+# leading path components a framework adds before the model's own names: linen's variable
+# collection ("params/..."), a wrapper's attribute ("model/..."). The policy's rules name the
+# model's layers, so they are matched without these (a local normalisation: interception's site
+# paths are named by lpjax/quant/intercept/sites.py).
+_PREFIXES = ("params", "model")
+# parameter names that are no GEMM's weight, whatever their shape (a stack's norm scales are 2-D)
+_NOT_GEMM = ("embedding", "embeddings", "scale", "bias")
+# a path component that holds a stack of scanned blocks (DEFAULT_BLOCK_PATTERN's names)
+_STACKS = ("layers", "blocks", "block", "layer", "h")
+
+
+def _split_prefix(parts: list[str]) -> tuple[list[str], list[str]]:
+  n = 0
+  while n < len(parts) - 1 and parts[n] in _PREFIXES:
+    n += 1
+  return parts[:n], parts[n:]
+
+
+def _stack_axis(parts: list[str], leading: int, num_blocks: int | None) -> int | None:
+  """Where a scanned stack's block index goes in `parts` (after its container: "layers"), or
+  None when this 3-D kernel is no stack of blocks (a DenseGeneral's (in, heads, dim), a
+  convolution's (width, in, out))."""
+  for i, part in enumerate(parts[:-1]):
+    if part in _STACKS:
+      if any(p.isdigit() for p in parts[i + 1:]):  # blocks already numbered: unrolled
+        return None
+      if num_blocks is not None and leading != num_blocks:
+        return None
+      return i + 1
+  return None
+
+
+def _weights(params, policy: QuantPolicy, stacked=None):
+  """Yields (name, W^T (out, in), recipe) of every GEMM weight of `params`, and collects what it
+  leaves out: returns the list of (path, shape, why) through StopIteration's value."""
+  flags = None if stacked is None else jax.tree.leaves(stacked)
+  skipped = []
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  for n, (path, leaf) in enumerate(leaves):
+    path = tuple(k for k in path if getattr(k, "name", None) != "value")  # nnx.State's leaves
+    name = path_str(path)
+    parts = name.split("/")
+    prefix, own = _split_prefix(parts)
+    ndim, shape = np.ndim(leaf), tuple(np.shape(leaf))
+    if parts[-1] != "kernel":
+      if ndim >= 2 and parts[-1] not in _NOT_GEMM:
+        skipped.append((name, shape, "not named kernel: not taken for a dense layer's weight"))
+      continue
+    layer = "/".join(own[:-1])
+    if ndim == 2:
+      yield name, leaf, None, layer
+      continue
+    if ndim == 3:
+      if flags is not None:
+        axis = None
+        if flags[n]:
+          axis = next((i + 1 for i, p in enumerate(own[:-1]) if p in _STACKS), 1)
+      else:
+        axis = _stack_axis(own, shape[0], policy.num_blocks)
+      if axis is not None:
+        for i in range(shape[0]):
+          block_own = own[:axis] + [str(i)] + own[axis:]
+          yield "/".join(prefix + block_own), leaf, i, "/".join(own[:-1])
+        continue
+    skipped.append((name, shape, f"a {ndim}-D kernel that is no scanned stack of blocks (a "
+                    "DenseGeneral's or a convolution's): not packed"))
+  return skipped
+
+
+def weight_recipes(params, policy: QuantPolicy, *, stacked=None) -> dict:
+  """{weight path: the recipe its forward GEMM runs} of the weights `export_weights` would pack
+  or refuse (the ones the forward quantizes; blocks of a stack numbered), without packing or
+  checking anything: what a caller checks first, e.g. that their formats fit a file layout."""
+  out = {}
+  gen = _weights(params, policy, stacked)
+  try:
+    while True:
+      name, _, block, layer = next(gen)
+      recipe = policy.recipe_for(layer, block=block)
+      op = recipe.fwd.rhs if recipe.fwd is not None else None
+      if op is not None and op != REUSE_FWD:
+        out[name] = recipe
+  except StopIteration:
+    pass
+  return out
+
+
+def export_weights(params, policy: QuantPolicy, *, dtype=None, requantize: bool = False,
+                   stacked=None) -> dict[str, PackedWeight]:
   """{weight path: PackedWeight} for every 2-D kernel that `policy` quantizes in the forward pass.
 
   Args:
-    params: a model's parameters (any pytree; a kernel's path names its layer, as the policy
-      sees it, plus "kernel"); kernels of shape (L, K, N) are a scanned stack of L blocks.
+    params: a model's parameters (any pytree: nnx.State, linen variables; a kernel's path names
+      its layer, as the policy sees it, plus "kernel"; leading "params/" or "model/" components
+      are not part of the names the policy's rules match).
     policy: the policy the model runs, completed by the model (`QuantPolicy.for_model`) when it
       keeps blocks; each layer's `recipe_for(path, block=...)` decides its W quantizer.
     dtype: the dtype the layer feeds the GEMM (a model's compute dtype, e.g. "bfloat16"); None:
@@ -146,30 +234,39 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None,
       transform, stochastic rounding, a paper's scheme), pack the round-to-nearest-even of W in
       its format instead of refusing, with a UserWarning; each such PackedWeight's
       `requantized` says why its values are not the training forward's.
+    stacked: a pytree of bools like `params` (a model's `stacked_layers`): True for a kernel of
+      shape (L, K, N) stacking L scanned blocks. None: a 3-D kernel is a stack when its path
+      holds a stack container ("layers", "blocks", "h", ...) without a block number, and its
+      leading axis is the policy's num_blocks (when known).
 
   Returns:
-    A dict from "/"-joined paths (blocks of a stack numbered, "layers/3/mlp/up_proj/kernel")
-    to PackedWeight; high-precision weights are left out.
+    A dict from "/"-joined paths (blocks of a stack numbered after their container,
+    "layers/3/mlp/up_proj/kernel", "params/layers/3/up/kernel") to PackedWeight; high-precision
+    weights are left out. Arrays of 2 or more dimensions it does not pack (3-D kernels that are
+    no stack, weights not named "kernel"; embeddings aside) are listed in one UserWarning.
   """
-  out = {}
-  def add(name, w_t, recipe):
+  out, last = {}, (None, None)
+  gen = _weights(params, policy, stacked)
+  while True:
+    try:
+      name, leaf, block, layer = next(gen)
+    except StopIteration as stop:
+      skipped = stop.value
+      break
+    if last[0] is not leaf:  # a stack's blocks: converted once
+      last = (leaf, jnp.asarray(leaf) if dtype is None else jnp.asarray(leaf).astype(dtype))
+    w = last[1]
+    if block is not None:
+      w = w[block]
+    recipe = policy.recipe_for(layer, block=block)
     op, requantized = _weight_operand(recipe, name, requantize)
     if op is not None:
-      out[name] = _pack(w_t, op, recipe, requantized)
-
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    path = tuple(k for k in path if getattr(k, "name", None) != "value")  # nnx.State's leaves
-    name = path_str(path)
-    if not name.endswith("kernel") or np.ndim(leaf) not in (2, 3):
-      continue
-    layer = name[:-len("kernel")].rstrip("/")
-    w = jnp.asarray(leaf) if dtype is None else jnp.asarray(leaf).astype(dtype)
-    if w.ndim == 2:
-      add(name, w.T, policy.recipe_for(layer))
-      continue
-    head, _, tail = name.partition("/")
-    for i in range(w.shape[0]):
-      add(f"{head}/{i}/{tail}", w[i].T, policy.recipe_for(layer, block=i))
+      out[name] = _pack(w.T, op, recipe, requantized)
+  if skipped:
+    listing = "; ".join(f"{name} {shape}: {why}" for name, shape, why in skipped)
+    warnings.warn(f"export_weights left {len(skipped)} array(s) as they are: {listing}. Pass "
+                  "stacked= for a stack of scanned blocks; export the others unquantized.",
+                  UserWarning, stacklevel=2)
   reasons = sorted({p.requantized for p in out.values() if p.requantized})
   if reasons:
     n = sum(bool(p.requantized) for p in out.values())

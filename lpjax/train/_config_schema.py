@@ -105,6 +105,8 @@ def base_config(task: str = "lm", optimizer: str = "adamw") -> ml_collections.Co
     c.model.size = "tiny"  # a key of LLAMA_SIZES (lpjax/models/llama_sizes.py)
     c.model.vocab_size = 0  # 0: the tokenizer's vocabulary size
     c.model.max_seq_len = 0  # RoPE table length; 0: seq_len
+    c.model.num_kv_heads = 0  # k / v heads (grouped-query attention; divides the heads); 0: heads
+    c.model.tie_embeddings = False  # the LM head is the embedding table (no lm_head weight)
     c.model.scan_layers = True  # scan one block over the layers (fast compiles); off: unrolled
     c.model.remat = False  # recompute each block's activations in the backward pass
     c.model.vocab_chunks = 0  # LM head + loss over this many vocabulary slices (0/1: all at once)

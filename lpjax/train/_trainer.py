@@ -69,7 +69,7 @@ class Trainer(CompiledSteps):
     self.mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
     self.precision = PrecisionController(config)  # builds the run's QuantPolicy, once
     with preflight.data_errors():  # a file, a dataset or a package lpjax.data cannot read
-      self.task = make_task(config, self.precision.policy)
+      self.task = make_task(config, self.precision.policy, self.workdir)
     preflight.check_dataset(config, self.task.dataset)  # one train and one eval batch, or DataError
     self.tx = make_optimizer(config, stacked_layers=self.task.stacked_layers)
     self.lr_schedule = learning_rate_schedule(config)  # logged as train/lr

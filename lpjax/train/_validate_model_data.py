@@ -66,6 +66,14 @@ def validate_lm(config, problems) -> int:
     heads = size.heads
     if size.hidden % size.heads:
       problems.append("model hidden size must be divisible by the number of heads.")
+    kv = config.model.get("num_kv_heads", 0)
+    if kv < 0 or (kv and size.heads % kv):
+      problems.append(f"model.num_kv_heads {kv} must divide the {size.heads} attention heads of "
+                      f"model.size {config.model.size!r} (0: one k / v head per query head).")
+    tensor = config.mesh.get("tensor", 1)
+    if kv > 0 and tensor > 1 and kv % tensor:
+      problems.append(f"mesh.tensor {tensor} must divide model.num_kv_heads {kv}: the k / v "
+                      "projections are split by heads.")
     kept = config.quant.keep_first + config.quant.keep_last
     if kept > size.layers:
       problems.append(f"quant.keep_first + quant.keep_last = {kept} exceeds the model's "

@@ -44,12 +44,18 @@ def _hf_tensors(kv_heads: int, tied: bool, seed: int = 0) -> dict:
   return t
 
 
-def _hf_config(kv_heads: int, tied: bool) -> dict:
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # 64: head_dim 16's wavelengths (6.3, 32.5,
+# 168, ...) fall in all three bands: kept (< 64 / 4), smoothed, slowed (> 64 / 1)
+
+
+def _hf_config(kv_heads: int, tied: bool, rope_scaling=None) -> dict:
   return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
           "hidden_size": HIDDEN, "intermediate_size": FFN, "num_attention_heads": HEADS,
           "num_key_value_heads": kv_heads, "num_hidden_layers": LAYERS,
           "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-          "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32"}
+          "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32",
+          "rope_scaling": rope_scaling}
 
 
 def _write_hf(path, tensors: dict, config: dict, shards: int = 1):
@@ -82,6 +88,23 @@ def _reference_logits(t: dict, config: dict, tokens: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
 
   inv = 1.0 / config["rope_theta"] ** (np.arange(0, hd, 2) / hd)
+  scaling = config.get("rope_scaling")
+  if scaling:  # Llama 3.1's frequency bands, from Meta's reference apply_scaling
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    low_wavelen = old / scaling["low_freq_factor"]
+    high_wavelen = old / scaling["high_freq_factor"]
+    out = []
+    for f in inv:
+      wavelen = 2 * np.pi / f
+      if wavelen < high_wavelen:
+        out.append(f)
+      elif wavelen > low_wavelen:
+        out.append(f / factor)
+      else:
+        smooth = (old / wavelen - scaling["low_freq_factor"]) / (
+            scaling["high_freq_factor"] - scaling["low_freq_factor"])
+        out.append((1 - smooth) * f / factor + smooth * f)
+    inv = np.array(out)
   ang = np.arange(n)[:, None] * inv[None]
   cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
 
@@ -127,14 +150,19 @@ TOKENS = np.random.default_rng(1).integers(0, VOCAB, (2, 12))
 # --- import -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kv_heads,tied,shards,scan", [(4, False, 1, True), (2, True, 3, False),
-                                                       (1, False, 2, True)])
-def test_import_matches_a_numpy_llama_to_1e_5(tmp_path, kv_heads, tied, shards, scan):
-  tensors, config = _hf_tensors(kv_heads, tied), _hf_config(kv_heads, tied)
+@pytest.mark.parametrize("kv_heads,tied,shards,scan,scaling", [
+    (4, False, 1, True, None), (2, True, 3, False, None), (1, False, 2, True, None),
+    (2, True, 1, True, LLAMA3)])  # Llama-3 style: GQA, tied, rope_scaling llama3, theta 500000
+def test_import_matches_a_numpy_llama_to_1e_5(tmp_path, kv_heads, tied, shards, scan, scaling):
+  tensors, config = _hf_tensors(kv_heads, tied), _hf_config(kv_heads, tied, scaling)
   _write_hf(tmp_path, tensors, config, shards)
   cfg, params = hf_llama.load_pretrained(str(tmp_path), scan_layers=scan)
   assert (cfg.hidden, cfg.heads, cfg.layers, cfg.vocab_size, cfg.norm_eps) == (
       HIDDEN, HEADS, LAYERS, VOCAB, 1e-5)
+  assert (cfg.kv_heads, cfg.tie_embeddings) == (kv_heads, tied)  # its own structure
+  flat = hf_llama._flat_params(params)
+  assert flat["layers/0/attn/k_proj/kernel"].shape == (HIDDEN, kv_heads * HIDDEN // HEADS)
+  assert ("lm_head/kernel" in flat) == (not tied)
   got = _lpjax_logits(cfg, params, TOKENS)
   want = _reference_logits(tensors, config, TOKENS)
   assert np.abs(want).max() > 1.0  # logits of a size where an error shows
@@ -155,8 +183,10 @@ def test_missing_extra_and_misshapen_tensors_are_named_in_one_message(tmp_path):
   assert "misshapen (1): model.norm.weight (65,) (expected (64,))" in message
 
 
-def test_a_config_lpjax_cannot_run_is_refused(tmp_path):
-  config = {**_hf_config(4, False), "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0},
+                                     {"rope_type": "llama3", "factor": 8.0}])
+def test_a_config_lpjax_cannot_run_is_refused(tmp_path, scaling):
+  config = {**_hf_config(4, False), "rope_scaling": scaling}
   _write_hf(tmp_path, _hf_tensors(4, False), config)
   with pytest.raises(hf_llama.CheckpointError, match="rope_scaling"):
     hf_llama.load_pretrained(str(tmp_path))
@@ -165,17 +195,25 @@ def test_a_config_lpjax_cannot_run_is_refused(tmp_path):
 # --- round trips ------------------------------------------------------------------------------
 
 
-def test_hf_to_lpjax_to_hf_is_exact(tmp_path):
-  tensors, config = _hf_tensors(4, False), _hf_config(4, False)
+@pytest.mark.parametrize("kv_heads,tied,scaling", [(4, False, None), (2, True, LLAMA3)])
+def test_hf_to_lpjax_to_hf_is_exact(tmp_path, kv_heads, tied, scaling):
+  """Every tensor back bit for bit, under its own name and shape: a GQA model's k / v stay
+  kv_heads wide, a tied one gets no lm_head; config.json keeps its structure."""
+  tensors, config = _hf_tensors(kv_heads, tied), _hf_config(kv_heads, tied, scaling)
   _write_hf(tmp_path / "in", tensors, config)
   cfg, params = hf_llama.load_pretrained(str(tmp_path / "in"))
   hf_llama.save_pretrained(str(tmp_path / "out"), cfg, params, dtype="float32",
-                           max_shard_bytes=60_000)
+                           max_shard_bytes=60_000, base_config=config)
   assert os.path.exists(tmp_path / "out" / "model.safetensors.index.json")  # sharded
   back = hf_llama.read_tensors(str(tmp_path / "out"))
   assert sorted(back) == sorted(tensors)
   for name, t in tensors.items():
     assert back[name].dtype == np.float32 and np.array_equal(back[name], t), name
+  with open(tmp_path / "out" / "config.json") as f:
+    out = json.load(f)
+  for key in ("num_key_value_heads", "tie_word_embeddings", "rope_scaling", "rope_theta",
+              "max_position_embeddings"):
+    assert out[key] == config[key], key
 
 
 @pytest.mark.parametrize("scan", [True, False])
@@ -294,7 +332,10 @@ def test_nvfp4_export_codes_scales_and_tensor_scale_are_the_runs_bit_for_bit():
   policy = quant.QuantPolicy.from_settings("nvfp4")
   config, t = hf_llama.export_tensors(cfg, params, layout="nvfp4", policy=policy)
   qc = config["quantization_config"]
-  assert (qc["quant_method"], qc["quant_algo"], qc["group_size"]) == ("modelopt", "NVFP4", 16)
+  # ModelOpt's weight-only variant: no input_scale is expected (vLLM's ModelOptNvFp4Config)
+  assert (qc["quant_method"], qc["quant_algo"], qc["group_size"]) == (
+      "modelopt", "W4A16_NVFP4", 16)
+  assert qc["ignore"] == ["lm_head"] and not any(k.endswith("input_scale") for k in t)
   op = quant.get_recipe("nvfp4").fwd.rhs
   assert op.format.tile  # 16x16 weight tiles
   ulps = []

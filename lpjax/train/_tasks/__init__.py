@@ -12,12 +12,13 @@ from lpjax.train._tasks.base import Task
 from lpjax.train.config import TASKS
 
 
-def make_task(config, policy=None) -> Task:
+def make_task(config, policy=None, workdir: str | None = None) -> Task:
   """The Task of a validated config; `policy` is the run's QuantPolicy (None: built from the
-  config by lpjax.train._precision.build_policy)."""
+  config by lpjax.train._precision.build_policy); `workdir`: the run's (the language model keeps
+  its init_from checkpoint's config and tokenizer files there)."""
   if config.task == "lm":
     from lpjax.train._tasks.lm import LanguageModelTask
-    return LanguageModelTask(config, policy)
+    return LanguageModelTask(config, policy, workdir)
   if config.task == "classification":
     from lpjax.train._tasks.classification import ClassificationTask
     return ClassificationTask(config, policy)

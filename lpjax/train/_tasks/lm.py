@@ -15,8 +15,11 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import logging
 import math
 import os
+import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,7 @@ import optax
 
 from lpjax import data as lpdata
 from lpjax.models import hf_llama, llama
+from lpjax.models._hf_tokenizer import TOKENIZER_FILES
 from lpjax.train import config as cfg_lib
 from lpjax.train._tasks.base import Task
 from lpjax.train._user_model import Expected, user_model
@@ -82,21 +86,52 @@ def chunked_cross_entropy(features, head, vocab: int, targets, chunks: int):
 
 
 HF_PREFIX = "hf:"
+SOURCE_COPY = "init_from"  # <workdir>/init_from: the init_from checkpoint's config and tokenizer
 
 
-def init_checkpoint(config) -> str | None:
-  """The Hugging Face checkpoint directory of `model.init_from` ("hf:PATH"), or None."""
+def _hf_path(config) -> str | None:
   spec = config.model.get("init_from", "")
   if not spec:
     return None
   if not spec.startswith(HF_PREFIX):
     raise cfg_lib.ConfigError(f"model.init_from={spec!r}: give hf:PATH, the directory of a "
                               "Hugging Face LLaMA checkpoint (config.json + *.safetensors).")
-  path = spec[len(HF_PREFIX):]
-  if not os.path.isfile(os.path.join(path, hf_llama.CONFIG)):
-    raise cfg_lib.ConfigError(f"model.init_from={spec!r}: {path} has no {hf_llama.CONFIG}; give "
-                              "the directory of a Hugging Face checkpoint.")
-  return path
+  return spec[len(HF_PREFIX):]
+
+
+def _source_copy(workdir: str | None) -> str | None:
+  """<workdir>/init_from when it holds the copy of the init_from checkpoint's config.json."""
+  if not workdir:
+    return None
+  copy = os.path.join(workdir, SOURCE_COPY)
+  return copy if os.path.isfile(os.path.join(copy, hf_llama.CONFIG)) else None
+
+
+def init_checkpoint(config, workdir: str | None = None) -> str | None:
+  """The Hugging Face checkpoint directory of `model.init_from` ("hf:PATH"), or None. When PATH
+  is gone but the run's `workdir` kept a copy of its config.json and tokenizer files
+  (`record_init_source`), that copy (which has no weights: the run's checkpoint has them)."""
+  path = _hf_path(config)
+  if path is None or os.path.isfile(os.path.join(path, hf_llama.CONFIG)):
+    return path
+  copy = _source_copy(workdir)
+  if copy is not None:
+    return copy
+  raise cfg_lib.ConfigError(f"model.init_from={config.model.init_from!r}: {path} has no "
+                            f"{hf_llama.CONFIG}; give the directory of a Hugging Face checkpoint.")
+
+
+def record_init_source(config, workdir: str):
+  """Copies the init_from checkpoint's config.json and tokenizer files (not its weights) into
+  <workdir>/init_from, so that exporting or advising the run needs only the workdir."""
+  path = _hf_path(config)
+  if path is None or not os.path.isfile(os.path.join(path, hf_llama.CONFIG)):
+    return
+  copy = os.path.join(workdir, SOURCE_COPY)
+  os.makedirs(copy, exist_ok=True)
+  for name in (hf_llama.CONFIG, *TOKENIZER_FILES):
+    if os.path.isfile(os.path.join(path, name)):
+      shutil.copyfile(os.path.join(path, name), os.path.join(copy, name))
 
 
 def _hf_llama_config(config, path: str, vocab_size: int) -> llama.LlamaConfig:
@@ -115,20 +150,30 @@ def _hf_llama_config(config, path: str, vocab_size: int) -> llama.LlamaConfig:
         f"model.init_from: the checkpoint's vocabulary has {cfg.vocab_size} tokens, but the data's "
         f"tokenizer has {vocab_size} (model.vocab_size={m.vocab_size}); use the checkpoint's "
         "tokenizer (data.tokenizer) so that token ids mean the same words.")
+  if cfg.vocab_size > vocab_size:
+    message = (f"model.init_from: the checkpoint's vocabulary has {cfg.vocab_size} tokens, the "
+               f"data's tokenizer {vocab_size}: ids {vocab_size}..{cfg.vocab_size - 1} never occur "
+               "in training. Fine for a vocabulary padded past its tokenizer's; otherwise the "
+               "tokenizer is another one than the checkpoint's, and its ids mean other words: "
+               "use the checkpoint's tokenizer (data.tokenizer).")
+    logging.getLogger("lpjax.train").warning(message)
+    warnings.warn(message, UserWarning, stacklevel=2)
   return cfg
 
 
-def llama_config_of(config, vocab_size: int) -> llama.LlamaConfig:
+def llama_config_of(config, vocab_size: int, workdir: str | None = None) -> llama.LlamaConfig:
   """The LlamaConfig of a run's `config.model` (`vocab_size`: the data's, unless the config sets
-  one; with model.init_from, the checkpoint's sizes)."""
+  one; with model.init_from, the checkpoint's sizes, read from the run's copy in `workdir` when
+  the checkpoint has moved)."""
   m = config.model
-  path = init_checkpoint(config)
+  path = init_checkpoint(config, workdir)
   if path is not None:
     return _hf_llama_config(config, path, vocab_size)
   return llama.LlamaConfig.from_size(
       m.size, vocab_size=m.vocab_size or vocab_size, max_seq_len=m.max_seq_len or config.seq_len,
       remat=m.remat, scan_layers=m.scan_layers, compute_dtype=m.compute_dtype,
-      param_dtype=m.param_dtype)
+      param_dtype=m.param_dtype, num_kv_heads=m.get("num_kv_heads", 0),
+      tie_embeddings=m.get("tie_embeddings", False))
 
 
 def lm_loss(graphdef, model_config: llama.LlamaConfig, vocab_chunks: int, params, batch, policy,
@@ -150,8 +195,9 @@ class LanguageModelTask(Task):
   partition_rules = llama.PARTITION_RULES
   unit = "tokens"
 
-  def __init__(self, config, policy=None):
+  def __init__(self, config, policy=None, workdir: str | None = None):
     self.config = config
+    self.workdir = workdir  # the run's: holds the init_from checkpoint's config when it moves
     self._set_policy(config, policy)
     d = config.data
     self.dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
@@ -159,7 +205,9 @@ class LanguageModelTask(Task):
                                        cache_dir=d.cache_dir or None, text_key=d.text_key,
                                        tfds_reader=d.tfds_reader, seq_len=config.seq_len,
                                        encoding=d.encoding, encoding_errors=d.encoding_errors)
-    self.model_config = llama_config_of(config, self.dataset.vocab_size)
+    if workdir is not None and jax.process_index() == 0:
+      record_init_source(config, workdir)
+    self.model_config = llama_config_of(config, self.dataset.vocab_size, workdir)
     # the user's own model (model.factory), its GEMMs quantized by interception; else LLaMA
     vocab = self.model_config.vocab_size
     self.user = user_model(config, dict(vocab_size=vocab, seq_len=config.seq_len),
@@ -178,20 +226,45 @@ class LanguageModelTask(Task):
   def pretrained_variables(self):
     """lpjax's LLaMA from model.init_from, read once on the host (a jitted init would hold the
     weights as constants of its program)."""
-    path = init_checkpoint(self.config)
+    path = self._weights()
     if path is None or self.user is not None:
       return None
-    return hf_llama.load_pretrained(path, self.policy, **self._hf_fields())[1], None
+    return self._load(path), None
+
+  def _load(self, path):
+    try:
+      return hf_llama.load_pretrained(path, self.policy, **self._hf_fields())[1]
+    except hf_llama.CheckpointError as error:
+      raise cfg_lib.ConfigError(f"model.init_from: {error}") from None
+
+  def _weights(self) -> str | None:
+    """The init_from checkpoint to read weights from; None without one, or when it has moved but
+    the run has a checkpoint of its own (which replaces whatever is initialised)."""
+    path = init_checkpoint(self.config, self.workdir)
+    if path is None or path != _source_copy(self.workdir):
+      return path
+    from lpjax.train._checkpoint import Checkpointer  # noqa: PLC0415
+    checkpoints = os.path.join(self.workdir, "checkpoints")
+    if os.path.isdir(checkpoints):
+      ckpt = Checkpointer(checkpoints, async_save=False)
+      step = ckpt.latest_step()
+      ckpt.close()
+      if step is not None:
+        return None
+    raise cfg_lib.ConfigError(
+        f"model.init_from={self.config.model.init_from!r}: that folder is gone and this run has "
+        "no checkpoint of its own yet to resume from; point model.init_from at the checkpoint's "
+        "new place.")
 
   def init_variables(self, key):
-    path = init_checkpoint(self.config)
+    path = self._weights()
     if self.user is not None:
       params, state = self.user.init_variables(key)
       if path is not None:
         params = self._converted(path, params)
       return params, state
     if path is not None:
-      return hf_llama.load_pretrained(path, self.policy, **self._hf_fields())[1], None
+      return self._load(path), None
     return llama.init_params(self.model_config, key, self.policy), None
 
   def _hf_fields(self):
@@ -213,7 +286,11 @@ class LanguageModelTask(Task):
       raise cfg_lib.ConfigError(f"model.init_converter={spec!r} does not load ({error}); give "
                                 "package.module:function, importable from the working "
                                 "directory.") from error
-    return convert(hf_llama.read_tensors(path), params)
+    try:
+      tensors = hf_llama.read_tensors(path)
+    except hf_llama.CheckpointError as error:
+      raise cfg_lib.ConfigError(f"model.init_from: {error}") from None
+    return convert(tensors, params)
 
   def stacked_layers(self, params):
     if self.user is not None:
@@ -265,14 +342,14 @@ class LanguageModelTask(Task):
   def describe(self):
     if self.user is not None:
       return {"model": self.config.model.factory}
-    if init_checkpoint(self.config):
+    if self.config.model.init_from:
       return {"model": self.config.model.init_from}
     return {"model": self.config.model.size}
 
   def model_description(self):
     if self.user is not None:
       return self.user.describe()
-    if init_checkpoint(self.config):
+    if self.config.model.init_from:
       return f"lpjax LLaMA from {self.config.model.init_from}"
     return f"lpjax LLaMA {self.config.model.size}"
 
