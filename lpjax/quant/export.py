@@ -56,7 +56,7 @@ import numpy as np
 from lpjax.quant.codec.qarray import QArray, dequantize
 from lpjax.quant.formats.specs import QuantFormat
 from lpjax.quant.gemm import operand as opq
-from lpjax.quant.policy import QuantPolicy, path_str
+from lpjax.quant.policy import QuantPolicy, param_path
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, OperandQuant
 
 _DETERMINISTIC = ("nearest_even", "nearest_away")
@@ -137,7 +137,8 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None,
 
   Args:
     params: a model's parameters (any pytree; a kernel's path names its layer, as the policy
-      sees it, plus "kernel"); kernels of shape (L, K, N) are a scanned stack of L blocks.
+      sees it, plus "kernel", named by `lpjax.quant.policy.param_path`: a linen variables dict's
+      "params" collection is left out); kernels of shape (L, K, N) are a scanned stack of L blocks.
     policy: the policy the model runs, completed by the model (`QuantPolicy.for_model`) when it
       keeps blocks; each layer's `recipe_for(path, block=...)` decides its W quantizer.
     dtype: the dtype the layer feeds the GEMM (a model's compute dtype, e.g. "bfloat16"); None:
@@ -158,8 +159,7 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None,
       out[name] = _pack(w_t, op, recipe, requantized)
 
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    path = tuple(k for k in path if getattr(k, "name", None) != "value")  # nnx.State's leaves
-    name = path_str(path)
+    name = param_path(path)  # the policy's naming (no nnx.State value, no linen "params")
     if not name.endswith("kernel") or np.ndim(leaf) not in (2, 3):
       continue
     layer = name[:-len("kernel")].rstrip("/")
