@@ -377,3 +377,25 @@ def test_a_matched_per_layer_rule_runs_and_the_run_writes_quant_report(tmp_path)
   assert " ".join(rows["lm_head"]).endswith("high precision (kept by the policy)")
   assert len(rows) == 1 + 4 * 9 + 1 + 1  # header, 9 GEMMs in each of 4 blocks, head, summary
   assert rows["37"][:2] == ["37", "GEMM"]
+
+
+def test_image_tasks_report_their_own_layers():
+  """quant_report.txt of a ResNet (classification) and a U-Net (diffusion) run: each layer with
+  its recipe under the run's policy (before: None, nothing written)."""
+  from types import SimpleNamespace
+
+  from lpjax.models import resnet, unet
+  from lpjax.train._tasks.classification import ClassificationTask
+  from lpjax.train._tasks.diffusion import DiffusionTask
+
+  policy = quant.QuantPolicy.from_settings("mxfp4_naive", high_precision="bf16")
+  cfg = resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")
+  cls = ClassificationTask.quant_report(SimpleNamespace(user=None, model_config=cfg), policy)
+  dif = DiffusionTask.quant_report(SimpleNamespace(model_config=unet.unet_tiny()), policy)
+  for rep in (cls, dif):
+    assert {s.op for s in rep.sites} == {"conv_general_dilated", "dot_general"}
+    assert {s.recipe for s in rep.sites} == {"mxfp4_naive", "bf16"}
+    assert all((s.recipe == "bf16") == (s.status == "high precision") for s in rep.sites)
+  recipes = {s.path: s.recipe for s in dif.sites}
+  assert recipes["mid_attn/attn_scores"] == recipes["mid_attn/attn_values"] == "bf16"
+  assert recipes["mid_attn/q"] == "mxfp4_naive"
