@@ -253,3 +253,39 @@ def apply_policy(model: nnx.Module, policy: QuantPolicy) -> list[tuple[str, str]
       module.path = path_str(path)
       out.append((module.path, str(policy.recipe_for(module.path))))
   return out
+
+
+def layer_report(model: nnx.Module, *, scanned: Sequence[str] = ()) -> quant.Report:
+  """The GEMM call sites of `model`'s quantized layers under the policy `apply_policy` gave
+  them, as `lpjax.quant.report` lists an intercepted model's (what `quant_report.txt` holds for
+  lpjax's own models): path, weight shape (the input is not traced: "()"), block, recipe and
+  status; the policy's rules ride along (`Report.unmatched_rules`). `scanned`: paths of scanned
+  stacks of blocks (their layers' block is "scan": one path for all blocks).
+
+  Examples:
+    >>> layer = QDense(64, 32, policy=QuantPolicy(recipe="mxfp4"), path="up", rngs=nnx.Rngs(0))
+    >>> print(layer_report(layer))   # doctest: +NORMALIZE_WHITESPACE
+    path  op           lhs  rhs       weight  block  recipe  status
+    up    dot_general  ()   (64, 32)  rhs            mxfp4   quantized
+    1 GEMM call sites: 1 quantized, 0 high precision, 0 unchanged
+  """
+  sites, rules = [], ()
+  for _, module in nnx.iter_modules(model):
+    if not isinstance(module, QUANTIZED_LAYERS):
+      continue
+    path, policy = module.path, module.policy if module.policy is not None else QuantPolicy()
+    rules = rules + tuple(r for r in policy.rules if r not in rules)
+    recipe = module.active_recipe()
+    kernel = getattr(module, "kernel", None)
+    stacked = any(path == s or path.startswith(s + "/") for s in scanned)
+    index = None if stacked else policy.block_index(path)
+    block = "scan" if stacked else "" if index is None else str(index)
+    kept = recipe.is_high_precision and policy.kept_high_precision(path, block=index)
+    sites.append(quant.Site(
+        path=path, op="conv_general_dilated" if isinstance(module, QConv) else "dot_general",
+        lhs_shape=(), rhs_shape=tuple(kernel.shape) if kernel is not None else (),
+        weight="rhs" if kernel is not None else "none",
+        weight_path=f"{path}/kernel" if kernel is not None else None, block=block,
+        recipe=str(recipe), status="high precision" if recipe.is_high_precision else "quantized",
+        reason="kept by the policy" if kept else ""))
+  return quant.Report(tuple(sites), rules=rules)

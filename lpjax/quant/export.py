@@ -56,7 +56,7 @@ import numpy as np
 from lpjax.quant.codec.qarray import QArray, dequantize
 from lpjax.quant.formats.specs import QuantFormat
 from lpjax.quant.gemm import operand as opq
-from lpjax.quant.policy import QuantPolicy, path_str
+from lpjax.quant.policy import QuantPolicy, param_path
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, OperandQuant
 
 _DETERMINISTIC = ("nearest_even", "nearest_away")
@@ -170,8 +170,7 @@ def _weights(params, policy: QuantPolicy, stacked=None):
   skipped = []
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   for n, (path, leaf) in enumerate(leaves):
-    path = tuple(k for k in path if getattr(k, "name", None) != "value")  # nnx.State's leaves
-    name = path_str(path)
+    name = param_path(path)  # the policy's naming: no nnx.State value, no linen "params"
     parts = name.split("/")
     prefix, own = _split_prefix(parts)
     ndim, shape = np.ndim(leaf), tuple(np.shape(leaf))
@@ -224,8 +223,9 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None, requantize: bool 
 
   Args:
     params: a model's parameters (any pytree: nnx.State, linen variables; a kernel's path names
-      its layer, as the policy sees it, plus "kernel"; leading "params/" or "model/" components
-      are not part of the names the policy's rules match).
+      its layer, as the policy sees it, plus "kernel", named by `lpjax.quant.policy.param_path`:
+      a linen variables dict's "params" collection is left out; a leading "model/" component is
+      not part of the names the policy's rules match).
     policy: the policy the model runs, completed by the model (`QuantPolicy.for_model`) when it
       keeps blocks; each layer's `recipe_for(path, block=...)` decides its W quantizer.
     dtype: the dtype the layer feeds the GEMM (a model's compute dtype, e.g. "bfloat16"); None:
@@ -241,7 +241,7 @@ def export_weights(params, policy: QuantPolicy, *, dtype=None, requantize: bool 
 
   Returns:
     A dict from "/"-joined paths (blocks of a stack numbered after their container,
-    "layers/3/mlp/up_proj/kernel", "params/layers/3/up/kernel") to PackedWeight; high-precision
+    "layers/3/mlp/up_proj/kernel", "model/layers/3/up/kernel") to PackedWeight; high-precision
     weights are left out. Arrays of 2 or more dimensions it does not pack (3-D kernels that are
     no stack, weights not named "kernel"; embeddings aside) are listed in one UserWarning.
   """

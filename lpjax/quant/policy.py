@@ -30,7 +30,9 @@ never runs below an unquantized recipe the run asks for (`kept_recipe`: under "f
 trainer's full-precision evaluation, every layer runs fp32).
 
 Attention products are recognised by name: models call the score product (Q K^T) "attn_scores"
-(or "qk") and the value product (P V) "attn_values" (or "pv").
+(or "qk") and the value product (P V) "attn_values" (or "pv"); the interception names any other
+product of two activations "act_product" (kept in high precision too: no published FP4 recipe
+quantizes a GEMM without a weight).
 
 Examples:
   >>> p = QuantPolicy.from_settings("mxfp4", keep_last=1).for_model(num_blocks=4)
@@ -79,7 +81,9 @@ DEFAULT_HIGH_PRECISION = (
     r"(?i)(^|/)(wte|wpe)(_\d+)?(/|$)",
     r"(?i)(^|/)(lm_head|head|unembed|logits|output_proj)(_\d+)?(/|$)",  # the LM head / classifier
     r"(?i)norm",  # RMSNorm / LayerNorm scales (no GEMM, listed for completeness)
-    r"(?i)(^|/)(attn_scores|attn_values|qk|pv)(/|$)",  # attention score and value products
+    # products of two activations: attention's score and value products, and any other one
+    # ("act_product": an MoE's dispatch / combine, a Gram matrix), as the interception names them
+    r"(?i)(^|/)(attn_scores|attn_values|qk|pv|act_product)(/|$)",
 )
 # A block index in a path: "layers/3", "blocks.3", "layer_3", "h/3".
 DEFAULT_BLOCK_PATTERN = r"(?:^|/)(?:layers|blocks|block|layer|h)[/._]?(\d+)(?:[/._]|$)"
@@ -89,6 +93,32 @@ def path_str(path) -> str:
   if isinstance(path, str):
     return path
   return "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+
+
+def param_path(path) -> str:
+  """A parameter's path as every lpjax surface names it (the interception's sites, `report`,
+  `site_stats`, `advise`, rules, the monitor, `export_weights`): its keys "/"-joined (`path_str`;
+  a pytree key path is taken too), without a linen variables dict's "params" collection (the
+  `m.apply({"params": ...})` a loss may call) and without an NNX Variable's value attribute. So
+  one layer has one name whichever way its weights reach lpjax (`quantize_model`, `quantized` on
+  a raw `m.apply`, `nnx.state`, a factory model).
+
+  Examples:
+    >>> param_path("params/layers_0/up/kernel"), param_path(("up", "kernel"))
+    ('layers_0/up/kernel', 'up/kernel')
+  """
+  if isinstance(path, str):
+    names = path.split("/")
+  else:
+    keys = list(path)
+    last = keys[-1] if keys else None
+    if (last is not None and not hasattr(last, "key") and not hasattr(last, "idx")
+        and getattr(last, "name", None) in ("value", "raw_value")):
+      keys = keys[:-1]  # an NNX Variable's value: the path is the variable's
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in keys]
+  if len(names) > 1 and names[0] == "params":
+    names = names[1:]
+  return "/".join(names)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,9 @@ kept blocks stay in high precision whatever the rules say).
 
 Paths are the policy's: "layers/3/mlp/down_proj" for an unrolled LLaMA; a scanned LLaMA
 (model.scan_layers, the default) names each layer once for all its blocks, "layers/mlp/down_proj",
-so a rule there applies to every block, and a rule naming one block matches nothing.
+so a rule there applies to every block, and a rule naming one block cannot be honoured. A rule
+that matches no GEMM site of the model is a ConfigError at start-up (`check_rules_match`), naming
+the nearest site paths; <workdir>/quant_report.txt lists every site and what it ran.
 
     python train.py --config=configs/llama_tiny_mxfp4.py \\
         --config.quant.rules='^layers/mlp/down_proj$->bf16;^layers/attn/o_proj$->mxfp8'
@@ -98,3 +100,25 @@ def rule_problems(text: str, canonical_recipe) -> tuple[list[str], tuple]:
                       "'mxfp4:block_size=16'.")
     out.append((regex, name or recipe))
   return problems, tuple(out)
+
+
+def check_rules_match(text: str, report) -> None:
+  """A ConfigError naming each `quant.rules` entry that matches no site of `report` (the run's
+  `lpjax.quant.Report`; None: nothing to check), with the nearest site paths and, for a block of
+  a scanned stack, why it cannot be honoured and the fix. Only the user's rules are checked: the
+  policy's own keep list legitimately misses in some models."""
+  if report is None:
+    return
+  from lpjax.quant.intercept import rule_check  # noqa: PLC0415
+  from lpjax.train._config_schema import ConfigError  # noqa: PLC0415
+
+  problems = []
+  for i, (regex, recipe) in enumerate(parse_rules(text), 1):
+    if rule_check.unmatched(((regex, recipe),), report.sites):
+      problems.append(f"quant.rules entry {i} '{regex}{ARROW}{recipe}' matches no GEMM site of "
+                      f"this model, so it would change nothing: "
+                      f"{rule_check.explain(regex, report.sites)}")
+  if problems:
+    raise ConfigError("; ".join(problems) + ". Fix or drop the entry (quant_report.txt of a run "
+                      "lists every site path).")
+

@@ -32,6 +32,7 @@ from lpjax.train._metrics import MetricWriter, Progress
 from lpjax.train._monitor import Monitor
 from lpjax.train._optimizers import learning_rate_schedule, make_optimizer, schedule_change
 from lpjax.train._precision import PrecisionController
+from lpjax.train._quant_rules import check_rules_match
 from lpjax.train._process import StopSignals, cpu_allocator_hint, maybe_initialize_distributed
 from lpjax.train._results import read_results, write_results
 from lpjax.train._resume import StateMismatch, config_changes, flat_config, resolve_mismatch
@@ -42,7 +43,7 @@ from lpjax.train._tasks import make_task
 from lpjax.train._workdir_lock import WorkdirLock
 
 FP_RECIPE = "fp32"  # evaluation with quantization off
-QUANT_REPORT = "quant_report.txt"  # the call-site report of a model.factory run, in the workdir
+QUANT_REPORT = "quant_report.txt"  # the call-site report of a run (what each GEMM ran), in the workdir
 log = logging.getLogger("lpjax.train")
 
 
@@ -71,6 +72,10 @@ class Trainer(CompiledSteps):
     with preflight.data_errors():  # a file, a dataset or a package lpjax.data cannot read
       self.task = make_task(config, self.precision.policy, self.workdir)
     preflight.check_dataset(config, self.task.dataset)  # one train and one eval batch, or DataError
+    # every GEMM site and what it runs (quant_report.txt); a quant.rules entry that matches no site
+    # is a ConfigError here, before anything compiles
+    self.quant_sites = self.task.quant_report(self.precision.policy)
+    check_rules_match(config.quant.rules, self.quant_sites)
     self.tx = make_optimizer(config, stacked_layers=self.task.stacked_layers)
     self.lr_schedule = learning_rate_schedule(config)  # logged as train/lr
     self.batch_sharding = shd.batch_sharding(self.mesh)
@@ -220,17 +225,20 @@ class Trainer(CompiledSteps):
     return results
 
   def _announce_model(self, state):
-    """Logs the model and its parameter count; for a model quantized by interception
-    (model.factory), logs the call-site report of the run's policy and writes it to
-    <workdir>/quant_report.txt: which GEMMs are quantized, which kept in high precision, and why."""
+    """Logs the model and its parameter count, and the call-site report of the run's policy,
+    which it writes to <workdir>/quant_report.txt: which GEMMs are quantized, which kept in high
+    precision, and why (every task, lpjax's own models and model.factory ones)."""
     if not self.is_main:
       return
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     log.info("Model: %s, %s parameters.", self.task.model_description(), f"{count:,}")
-    report = self.task.quant_report(self.precision.policy)
+    report = self.quant_sites
     if report is not None:
-      text = (f"GEMM call sites of recipe {self.config.quant.recipe} (model.factory, quantized by "
-              f"interception; traced on one example):\n{report}\n")
+      how = ("model.factory, quantized by interception; traced on one example"
+             if getattr(self.task, "user", None) is not None else
+             "lpjax's own layers, each under the run's policy; block 'scan': one path for every "
+             "block of a scanned stack")
+      text = f"GEMM call sites of recipe {self.config.quant.recipe} ({how}):\n{report}\n"
       log.info("%s", text.rstrip())
       with open(os.path.join(self.workdir, QUANT_REPORT), "w") as f:
         f.write(text)

@@ -10,7 +10,7 @@ in tests/train/test_hf_checkpoints.py.
 | DenseGeneral (32, 4, 8) / Conv1D (5, 16, 32) kernel | split into 32 / 5 "blocks", packed | left as they are, listed in a warning |
 | a scanned stack whose leading axis is not num_blocks | split | left as it is, listed |
 | params/ or model/ prefixes | the policy's anchored rules missed: a bf16 layer packed as FP4 | rules match the model's own names |
-| linen scan stack params/layers/up/kernel | params/0/layers/up/kernel | params/layers/0/up/kernel |
+| linen scan stack params/layers/up/kernel | params/0/layers/up/kernel | layers/0/up/kernel (param_path: no "params" collection) |
 | a weight not named kernel | dropped silently | listed in a warning |
 | GPT-2 config.json | KeyError: 'num_attention_heads' | "not a LLaMA lpjax can load: model_type is 'gpt2' ..." |
 | checkpoint vocabulary 300 > tokenizer 257 | trains silently | a warning that says so |
@@ -121,15 +121,16 @@ def test_params_and_model_prefixes_do_not_hide_the_policys_rules():
     params = {prefix: {"mlp": {"down": {"kernel": _kernel(64, 32)},
                                "up": {"kernel": _kernel(64, 32, seed=1)}}}}
     packed = quant.export_weights(params, policy)
-    assert sorted(packed) == [f"{prefix}/mlp/up/kernel"], prefix  # down stays bf16
+    # down stays bf16; the name is param_path's: linen's "params" collection is left out
+    assert sorted(packed) == [("" if prefix == "params" else "model/") + "mlp/up/kernel"], prefix
 
 
 def test_a_linen_scan_stack_gets_its_block_index_after_the_stack():
   params = {"params": {"layers": {"up": {"kernel": _kernel(2, 64, 32)}}}}
   packed = quant.export_weights(params, NAIVE.for_model(num_blocks=2))
-  assert sorted(packed) == ["params/layers/0/up/kernel", "params/layers/1/up/kernel"]
+  assert sorted(packed) == ["layers/0/up/kernel", "layers/1/up/kernel"]
   want = quant.fake_quant(params["params"]["layers"]["up"]["kernel"][1].T, "mxfp4")
-  assert np.array_equal(np.asarray(packed["params/layers/1/up/kernel"].dequantize()), want)
+  assert np.array_equal(np.asarray(packed["layers/1/up/kernel"].dequantize()), want)
 
 
 def test_a_weight_not_named_kernel_is_listed_not_dropped_silently():

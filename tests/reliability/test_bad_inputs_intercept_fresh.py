@@ -114,7 +114,7 @@ def _named_scope_paths():
   p = {"enc": {"wq": jnp.ones((D, D)), "wk": jnp.ones((D, D))}}
   rep = H.report(quant.quantized(f, "mxfp4"), p, M.X)
   return [(s.path, s.status) for s in rep.sites] == [
-      ("enc/wq", "quantized"), ("enc/wk", "quantized"), ("encoder/attn_scores", "high precision")]
+      ("enc/wq", "quantized"), ("enc/wk", "quantized"), ("encoder/act_product", "high precision")]
 
 
 def _plain_leaf_names():
@@ -361,7 +361,7 @@ CASES = [
     Case("fresh", "convs mxfp4 loss and gradients", lambda _: _convs_run_and_grad(),
          Holds("loss within 20%, no zero gradient")),
     Case("fresh", "jax.named_scope attention path", lambda _: _named_scope_paths(),
-         Holds("encoder/attn_scores kept")),
+         Holds("encoder/act_product kept (Q K^T with no softmax after it: not attention's)")),
     Case("fresh", "plain pytree leaf names w / weight", lambda _: _plain_leaf_names(),
          Holds("mlp/up, mlp/down quantized; lm_head kept")),
     Case("fresh", "bf16 model under mxfp4", lambda _: _bf16_model_sites(),

@@ -9,5 +9,8 @@ register in `lpjax.quant.backends.MODEL_ADAPTERS`). Modules, and what they offer
 - `equations`: what the evaluator asks of one equation (a GEMM? its contraction length? an
   embedding table or a weight computed from parameters?), and how to bind it as written.
 - `sites`: `Site` and `Report`, what a trace found.
+- `roles`: what a product of two activations is (attention's score / value product, or an
+  "act_product"), from the data flow.
+- `rule_check`: the rules that match no site, and the nearest site paths.
 - `gemm_call`: the quantized call that replaces one GEMM equation.
 """

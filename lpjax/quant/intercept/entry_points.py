@@ -44,6 +44,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import warnings
 from typing import Callable, Sequence
@@ -55,7 +56,15 @@ from lpjax.quant.gemm.dot_general import as_key
 from lpjax.quant.recipes.gemm_recipe import GemmRecipe
 from lpjax.quant.intercept.evaluator import SITES_FOUND, STACKED_FOUND, Run, Scope, Weight
 from lpjax.quant.intercept.sites import Report
-from lpjax.quant.policy import QuantPolicy, path_str
+from lpjax.quant.policy import QuantPolicy, param_path
+
+
+# The key `report` lends to the calls it traces (None otherwise): nothing is computed, so a
+# stochastic-rounding recipe needs no key of the caller's (a real call still does).
+_TRACE_ONLY_KEY: contextvars.ContextVar = contextvars.ContextVar("lpjax_trace_key", default=None)
+# The policies of the interceptions traced by `report` (their rules are checked against the sites)
+_POLICIES_FOUND: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_policies",
+                                                                               default=None)
 
 
 def as_policy(policy) -> QuantPolicy:
@@ -75,10 +84,7 @@ def _weight_leaves(args, weights_argnums: Sequence[int]):
     leaves = jax.tree_util.tree_flatten_with_path(a)[0]
     if i in weights_argnums:
       for j, (kp, _) in enumerate(leaves):
-        names = [_key_name(k) for k in kp]
-        if names and type(kp[-1]).__name__ == "GetAttrKey" and names[-1] in ("value", "raw_value"):
-          names = names[:-1]  # an NNX Variable's value: the path is the variable's
-        out[offset + j] = path_str(tuple(names))
+        out[offset + j] = param_path(kp)  # the one naming of lpjax (QuantPolicy's paths)
     offset += len(leaves)
   return out
 
@@ -106,18 +112,13 @@ def _check_weights_argument(args, weights_argnums, weight_paths: dict):
         "that the report and the policy see their names.", UserWarning, stacklevel=4)
 
 
-def _key_name(k):
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return getattr(k, attr)
-  return str(k)
-
-
 def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_key=None,
         weights_argnums: Sequence[int] = (0,), weight_axes: dict | None = None,
         num_blocks: int | None = None, scope_root: str = ""):
   """`fn(*args, **kwargs)` with its GEMMs through `policy` (the engine of `quantized`);
   `scope_root`: the first name scope of every equation (a linen model's), left out of paths."""
+  if quant_key is None:  # `report` traces only: a recipe that rounds stochastically gets a key
+    quant_key = _TRACE_ONLY_KEY.get()
   weights_argnums = tuple(weights_argnums)
   weight_paths = _weight_leaves(args, weights_argnums)
   _check_weights_argument(args, weights_argnums, weight_paths)
@@ -127,6 +128,9 @@ def run(fn: Callable, policy: QuantPolicy, args: tuple, kwargs: dict, *, quant_k
   if num_blocks is None:
     num_blocks = _count_blocks(policy, weight_paths.values(), closed.jaxpr, weights)
   engine = Run(policy, as_key(quant_key), dict(weight_axes or {}), num_blocks, scope_root)
+  policies = _POLICIES_FOUND.get()
+  if policies is not None:
+    policies.append(policy)
   outs = engine.evaluate(closed.jaxpr, closed.consts, dyn_vals, weights, Scope())
   return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
@@ -256,11 +260,32 @@ def report(fn: Callable, *args, **kwargs) -> Report:
   (nothing is computed): path, operand shapes, which operand is the weight, the recipe, and the
   sites left unchanged with the reason. `fn` is what `quantized` / `quantize_model` returned
   (a linen model's `apply` or the model itself; an NNX model), called with its usual arguments.
+  A recipe that rounds stochastically needs no `quant_key` here: the trace is lent one (nothing
+  is drawn). The report also lists the traced policies' rules that match no site
+  (`Report.unmatched_rules`; `Report.check_rules()` raises on them).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> f = quantized(lambda w, x: x @ w["up"]["kernel"], QuantPolicy(recipe="mxfp4", rules=(
+    ...     ("^up/kernel$", "bf16"),)))
+    >>> rep = report(f, {"up": {"kernel": jnp.ones((64, 32))}}, jnp.ones((8, 64)))
+    >>> print(str(rep).splitlines()[-1])
+    rule '^up/kernel$' -> bf16 matches no site (nearest site paths: up; a site's path is its layer's, without the parameter's name: drop the trailing '/kernel')
   """
   target = getattr(fn, "lpjax_report_target", fn)
-  with collect_sites() as found:
-    _eval_shape(target, args, kwargs)
-  return Report(tuple(found))
+  policies: list = []
+  key_token = _TRACE_ONLY_KEY.set(jax.random.key(0))
+  policy_token = _POLICIES_FOUND.set(policies)
+  try:
+    with collect_sites() as found:
+      _eval_shape(target, args, kwargs)
+  finally:
+    _POLICIES_FOUND.reset(policy_token)
+    _TRACE_ONLY_KEY.reset(key_token)
+  rules = []
+  for policy in policies:
+    rules += [r for r in policy.rules if r not in rules]
+  return Report(tuple(found), rules=tuple(rules))
 
 
 def quantize_model(model, policy="bf16", **kwargs):

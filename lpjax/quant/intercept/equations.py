@@ -148,7 +148,8 @@ def jaxpr_has_gemm(jaxpr) -> bool:
 
 
 def is_activation_site(path: str) -> bool:
-  return path.endswith("attn_scores") or path.endswith("attn_values")
+  """A site path of a product of two activations (`lpjax.quant.intercept.roles` names them)."""
+  return path.rpartition("/")[2] in ("attn_scores", "attn_values", "act_product")
 
 
 def bind(eqn, invals):

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from lpjax.quant.intercept import equations, sites as sites_lib
+from lpjax.quant.intercept import equations, roles as roles_lib, sites as sites_lib
 from lpjax.quant.intercept.gemm_call import is_identity, quantized_conv, quantized_dot
 from lpjax.quant.intercept.sites import HIGH_PRECISION, QUANTIZED, UNCHANGED, Site
 from lpjax.quant.policy import QuantPolicy
@@ -60,6 +60,7 @@ class Run:
     self.sites: list[Site] = []
     self.calls: dict[str, int] = {}  # sites reached so far per (path, block): repeats get own keys
     self.looked_up: set[str] = set()  # parameters a gather reads rows of: embedding tables
+    self.roles: dict | None = None  # id(GEMM eqn) -> what a product of two activations is
 
   # -- evaluation -------------------------------------------------------------------------------
   def evaluate(self, jaxpr, consts, args, weights: dict, scope: Scope):
@@ -73,6 +74,8 @@ class Run:
     def weight_of(v):
       return None if isinstance(v, jcore.Literal) else wenv.get(v)
 
+    if self.roles is None:  # the traced function itself: its activation products, named once
+      self.roles = roles_lib.attention_roles(jaxpr, set(weights))
     for v, x in zip(jaxpr.constvars, consts):
       env[v] = x
     for i, (v, x) in enumerate(zip(jaxpr.invars, args)):
@@ -212,6 +215,8 @@ class Run:
     block = scope.block
     if wref is not None:
       path = sites_lib.module_path(wref.path)
+      if not self.scope_root:  # a raw linen `m.apply`: its class name heads every name stack
+        self.scope_root = sites_lib.scope_root_of(scope.inside(eqn).names, path)
     else:
       path = self._activation_path(eqn, feeds, scope)
     if block is None:
@@ -288,8 +293,7 @@ class Run:
     if not scope:
       weight_feeds = [f for f in feeds if not equations.is_activation_site(f)]
       scope = sites_lib.common_path(sorted(weight_feeds))
-    after = any(equations.is_activation_site(f) and f.rpartition("/")[0] == scope for f in feeds)
-    name = "attn_values" if after else "attn_scores"
+    name = self.roles.get(id(eqn), roles_lib.ACT_PRODUCT)  # attention's products, or neither
     return f"{scope}/{name}" if scope else name
 
   def _site_key(self, path, block, count: int, scope: Scope):

@@ -5,9 +5,17 @@ A call site is one `dot_general` or `conv_general_dilated` of the traced functio
 path that the policy matches: the weight's parameter path without the leaf name ("layers/0/mlp/
 up_proj/kernel" -> "layers/0/mlp/up_proj") when one operand is a weight; for a product of two
 activations, the enclosing named scope (Flax linen's module path) or else the longest common
-module path of the weight GEMMs that feed it, followed by "attn_scores" for the first product
-of two activations of that scope and "attn_values" for one that consumes an earlier one's
-result (the attention rules of `QuantPolicy`, docs/numerics.md §7).
+module path of the weight GEMMs that feed it, followed by what the product is
+(`lpjax.quant.intercept.roles`): "attn_scores" for attention's score product (one whose result
+reaches another product of two activations through a softmax's exp), "attn_values" for the
+product that consumes it, "act_product" for any other (an MoE's dispatch or combine): the
+attention rules of `QuantPolicy`, docs/numerics.md §7. Parameter paths are named by
+`lpjax.quant.policy.param_path` (no linen "params" collection, no NNX value attribute), and a
+raw linen `m.apply`'s class name is left out of scopes: a layer has one path whichever way it is
+reached (`quantized` on a loss, `quantize_model`, a factory model in the trainer).
+
+A report lists the rules of the traced policies that match no site (`unmatched_rules`;
+`check_rules()` raises on them), each with the nearest site paths.
 
 Examples:
   >>> s = Site(path="layers/0/mlp/up", op="dot_general", lhs_shape=(8, 64), rhs_shape=(64, 128),
@@ -24,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Sequence
+
+from lpjax.quant.intercept import rule_check
 
 QUANTIZED, HIGH_PRECISION, UNCHANGED = "quantized", "high precision", "unchanged"
 # Leaf names a weight carries in Flax / Haiku / Equinox / plain pytrees ("layers/0/up/kernel").
@@ -51,6 +61,22 @@ class Report:
   """Every GEMM call site of one traced call, in program order (`lpjax.quant.report`)."""
 
   sites: tuple[Site, ...]
+  rules: tuple = ()  # (regex, recipe) of the traced policies' rules, checked against the sites
+
+  @property
+  def unmatched_rules(self) -> tuple:
+    """The rules that match no site's path: they change nothing (a typo, a block of a scanned
+    stack, a parameter's name for its layer's; `check_rules` says which)."""
+    return rule_check.unmatched(self.rules, self.sites)
+
+  def check_rules(self) -> "Report":
+    """This report; ValueError naming each rule that matches no site, with the nearest paths."""
+    missed = self.unmatched_rules
+    if missed:
+      raise ValueError("QuantPolicy rule(s) that match no GEMM call site, so they change "
+                       "nothing: " + " | ".join(f"{r[0]!r}: {rule_check.explain(r[0], self.sites)}"
+                                                for r in missed) + ".")
+    return self
 
   def by_status(self, status: str) -> tuple[Site, ...]:
     return tuple(s for s in self.sites if s.status == status)
@@ -73,6 +99,9 @@ class Report:
     n = {st: len(self.by_status(st)) for st in (QUANTIZED, HIGH_PRECISION, UNCHANGED)}
     lines.append(f"{len(self.sites)} GEMM call sites: {n[QUANTIZED]} quantized, "
                  f"{n[HIGH_PRECISION]} high precision, {n[UNCHANGED]} unchanged")
+    for regex, recipe in self.unmatched_rules:
+      lines.append(f"rule {regex!r} -> {recipe} matches no site ("
+                   f"{rule_check.explain(regex, self.sites)})")
     return "\n".join(line.rstrip() for line in lines)
 
   def _repr_pretty_(self, p, cycle):  # IPython / notebooks print the table
@@ -126,6 +155,22 @@ def scope_of_name_stack(name_stack: str, root: str = "") -> str:
       part = part[part.index("(") + 1:-1]
     if part and not (parts and parts[-1] == part):
       parts.append(part)
-  if root and parts and parts[0] == root:
-    parts = parts[1:]
+  head = root.split("/") if root else []
+  if head and parts[:len(head)] == head:
+    parts = parts[len(head):]
   return "/".join(parts)
+
+
+def scope_root_of(name_stack: str, site_path: str) -> str:
+  """The scopes that a weight GEMM's name stack holds above its layer's path (a linen model's
+  class name when a loss calls its raw `m.apply`): what activation products' scopes leave out,
+  so that they are named as the layers are. "" when the name stack does not end with the path.
+
+  Examples:
+    >>> scope_root_of("jvp(Model)/layers_0/up", "layers_0/up"), scope_root_of("up", "up")
+    ('Model', '')
+  """
+  parts, own = scope_of_name_stack(name_stack).split("/"), site_path.split("/")
+  if len(parts) > len(own) and parts[-len(own):] == own:
+    return "/".join(parts[:-len(own)])
+  return ""

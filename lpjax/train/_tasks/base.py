@@ -89,7 +89,19 @@ class Task(abc.ABC):
 
   def quant_report(self, policy):
     """The `lpjax.quant.Report` of the model's GEMM call sites under `policy` (which are
-    quantized, which kept and why), for a model quantized by interception (`model.factory`);
-    None for lpjax's own models (their layers choose each GEMM's recipe themselves)."""
+    quantized, which kept and why; its rules ride along): traced by interception for a
+    `model.factory` model, listed from the layers for lpjax's own (`own_model_report`); None
+    for a task without GEMM sites."""
     del policy
     return None
+
+
+def own_model_report(graphdef, *states, scanned=()):
+  """The report of one of lpjax's own NNX models (graphdef and abstract states, as the models'
+  `abstract_model` gives them): each quantized layer's path and recipe (`lpjax.nn` layer_report);
+  `scanned`: paths of its scanned stacks of blocks."""
+  from flax import nnx
+
+  from lpjax.nn._layers import layer_report
+
+  return layer_report(nnx.merge(graphdef, *states), scanned=scanned)

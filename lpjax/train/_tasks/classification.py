@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from lpjax.models import resnet
+from lpjax.train._tasks.base import own_model_report
 from lpjax.train._tasks.images import ImageTask
 from lpjax.train._user_model import Expected, user_model
 
@@ -96,4 +97,6 @@ class ClassificationTask(ImageTask):
     return self.user.describe() if self.user is not None else super().model_description()
 
   def quant_report(self, policy):
-    return self.user.report(policy) if self.user is not None else None
+    if self.user is not None:
+      return self.user.report(policy)
+    return own_model_report(*resnet.abstract_model(self.model_config, policy))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.models import diffusion, unet
+from lpjax.train._tasks.base import own_model_report
 from lpjax.train._tasks.images import ImageTask
 
 log = logging.getLogger("lpjax.train")
@@ -112,3 +113,6 @@ class DiffusionTask(ImageTask):
                  for i in range(0, n, batch))
     mu, sigma = lpeval.statistics_of(generated, feature_fn)
     return lpeval.frechet_distance(mu, sigma, mu_ref, sigma_ref)
+
+  def quant_report(self, policy):
+    return own_model_report(*unet.abstract_model(self.model_config, policy))

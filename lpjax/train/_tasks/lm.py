@@ -29,7 +29,7 @@ from lpjax import data as lpdata
 from lpjax.models import hf_llama, llama
 from lpjax.models._hf_tokenizer import TOKENIZER_FILES
 from lpjax.train import config as cfg_lib
-from lpjax.train._tasks.base import Task
+from lpjax.train._tasks.base import Task, own_model_report
 from lpjax.train._user_model import Expected, user_model
 
 
@@ -354,4 +354,8 @@ class LanguageModelTask(Task):
     return f"lpjax LLaMA {self.config.model.size}"
 
   def quant_report(self, policy):
-    return self.user.report(policy) if self.user is not None else None
+    if self.user is not None:
+      return self.user.report(policy)
+    graphdef, params = llama.abstract_model(self.model_config, policy)
+    return own_model_report(graphdef, params,
+                            scanned=("layers",) if self.model_config.scanned(policy) else ())
