@@ -98,3 +98,14 @@ def test_record_figure_names_are_valid_record_names():
 def test_docstring_examples():
   for module in (speed_report, speed_rows):
     assert doctest.testmod(module).failed == 0
+
+
+def test_conftest_cache_dir_follows_lpjax_test_cache_dir(tmp_path):
+  """The suite row's cold run: tests/conftest.py puts the compile cache where the env var says."""
+  code = ("import sys; sys.path.insert(0, 'tests'); import conftest, jax; "
+          "print(conftest._CACHE_DIR, jax.config.jax_compilation_cache_dir)")
+  env = dict(os.environ, LPJAX_TEST_CACHE_DIR=str(tmp_path / "cold"))
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == [str(tmp_path / "cold")] * 2
