@@ -183,7 +183,7 @@ def advise(quick: bool) -> list:
           figure("advise wall", wall, "s", "", None),
           figure("advise XLA compiles (all)", compiles["all"], "", "", None),
           figure("advise XLA compiles over 1 s", compiles["over_1s"], "",
-                 "1 per batch shape (read the ranking code)", None),
+                 "1 per batch shape (not judged here)", None),
           figure("advise XLA warnings", len(warned), "", "none", not warned)]
 
 
