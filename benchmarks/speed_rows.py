@@ -184,7 +184,8 @@ def advise(quick: bool) -> list:
           figure("advise XLA compiles (all)", compiles["all"], "", "", None),
           figure("advise XLA compiles over 1 s", compiles["over_1s"], "",
                  "1 per batch shape (not judged here)", None),
-          figure("advise XLA warnings", len(warned), "", "none", not warned)]
+          *(figure(f"advise XLA printed '{w}'", int(w in warned), "", "0 (no)", w not in warned)
+            for w in XLA_WARNINGS)]
 
 
 def suite() -> list:
