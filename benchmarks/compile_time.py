@@ -66,12 +66,18 @@ def load_config(path: str):
   return load_config_file(os.path.join(ROOT, path))
 
 
-def measure(config_path: str, recipe: str, workdir: str):
+def measure(config_path: str, recipe: str, workdir: str, batch_size: int | None = None,
+            seq_len: int | None = None):
   """({compile_s, first_step_s}, one_step) for the trainer of `config_path` with quant.recipe =
-  recipe; one_step() runs one further step on the same batch and returns its wall time."""
+  recipe (batch_size: default --batch_size, 0 the config's own; seq_len: the config's unless
+  given); one_step() runs one further step on the same batch and returns its wall time."""
   c = load_config(config_path)
   c.quant.recipe = recipe
-  c.batch_size = ARGS.batch_size
+  batch_size = ARGS.batch_size if batch_size is None else batch_size
+  if batch_size:
+    c.batch_size = batch_size
+  if seq_len:
+    c.seq_len = seq_len
   c.progress_bar = False
   c.mesh.data = 1
   start = time.perf_counter()
