@@ -1,4 +1,4 @@
-"""The speed report (issue 58): every row of the "where one waits" table, measured in one command,
+"""The speed report: every row of the "where one waits" table, measured in one command,
 printed as a markdown table with each figure's goal and whether it meets it.
 
     python benchmarks/speed_report.py                        # every row but the test suite

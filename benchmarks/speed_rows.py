@@ -1,4 +1,4 @@
-"""The rows of the speed report (issue 58's table): each function measures one row and returns
+"""The rows of the speed report's table: each function measures one row and returns
 a list of figures {name, value, unit, goal, ok} (ok: True / False, or None where the row only
 reports). Used by `speed_report.py`; the fresh-process rows run `speed_child.py`.
 
