@@ -186,9 +186,10 @@ def _by(t, path, gemm=None, operand=None):
 
 
 def _fp4_range(rows) -> bool:
-  """Every reading in FP4's range: operand SNR 8-30 dB, product SNR 5-30 dB, ratio 1-30."""
-  return all(r["status"] == "ok" and 8 < r["snr_db"] < 30 and 5 < r["out_snr_db"] < 30
-             and 1 < r["grad_noise_ratio"] < 30 for r in rows)
+  """Rows, every reading in FP4's range: operand SNR 8-30 dB, product SNR 5-30 dB, ratio 1-30."""
+  return bool(rows) and all(r["status"] == "ok" and 8 < r["snr_db"] < 30
+                            and 5 < r["out_snr_db"] < 30 and 1 < r["grad_noise_ratio"] < 30
+                            for r in rows)
 
 
 @functools.cache
@@ -209,13 +210,14 @@ def _nan_batch():
 
 def _inf_batch():
   t = _stats("mlp", MLP_P, (X.at[0, 0].set(jnp.inf), C))
-  return all(r["status"] == "nonfinite" and not r["snr_db"] == math.inf for r in t.rows)
+  return len(t.rows) == 12 and all(r["status"] == "nonfinite" and not r["snr_db"] == math.inf
+                                   for r in t.rows)
 
 
 def _nan_labels():
   """Labels NaN: the forward is finite, the loss and every dY are not: no site is measured."""
   t = _stats("mlp", MLP_P, (X, C.at[0, 0].set(jnp.nan)))
-  return all(r["status"] == "nonfinite" for r in t.rows)
+  return len(t.rows) == 12 and all(r["status"] == "nonfinite" for r in t.rows)
 
 
 def _finite_batch_reads_fp4():
@@ -263,8 +265,9 @@ def _cond_untaken():
 
 def _linen_cond_untaken():
   t = _stats("linen_cond", _linen_cond_params(), (X, C))
-  return (all(r["status"] == "not_run" for r in _by(t, "rare"))
-          and _fp4_range(_by(t, "usual")))
+  rare = [r for r in t.rows if r["path"].endswith("rare")]  # "rare" or "params/rare"
+  usual = [r for r in t.rows if r["path"].endswith("usual")]
+  return len(rare) == 6 and all(r["status"] == "not_run" for r in rare) and _fp4_range(usual)
 
 
 @functools.cache
@@ -418,7 +421,8 @@ def _cond_in_scan_taken_sometimes():
 
 
 def _cond_in_scan_never_taken():
-  return all(r["status"] == "not_run" for r in _by(_loops_table(), "never"))
+  rows = _by(_loops_table(), "never")
+  return len(rows) == 6 and all(r["status"] == "not_run" for r in rows)
 
 
 def _reversed_scan():
@@ -446,7 +450,8 @@ def _vmapped():
 
 def _switch_three_branches():
   t = _transforms_table()
-  return (all(r["status"] == "not_run" for p in ("sw0", "sw2") for r in _by(t, p))
+  return (all(len(_by(t, p)) == 6 for p in ("sw0", "sw1", "sw2"))
+          and all(r["status"] == "not_run" for p in ("sw0", "sw2") for r in _by(t, p))
           and all(r["status"] == "ok" for r in _by(t, "sw1")))
 
 
@@ -476,7 +481,8 @@ def _zero_input():
 
 def _inf_in_weights():
   t = _stats("single", {"w": {"kernel": W_UP.at[0, 0].set(jnp.inf)}}, (X, C))
-  return all(r["status"] == "nonfinite" and math.isnan(r["snr_db"]) for r in t.rows)
+  return len(t.rows) == 6 and all(r["status"] == "nonfinite" and math.isnan(r["snr_db"])
+                                  for r in t.rows)
 
 
 def _json_encodings():
@@ -551,7 +557,8 @@ CASES = [
     Case("8 budget", "np.float64 budget above 1", lambda _: _budget(np.float64(1.5)),
          Raises(ValueError, "in [0, 1]")),
     # item 9
-    Case("9 baseline", "quantize_model with high_precision fp32", lambda _: _quantize_model_baseline(),
+    Case("9 baseline", "quantize_model with high_precision fp32",
+         lambda _: _quantize_model_baseline(),
          Holds("hp_loss is the fp32 model's loss")),
     # fresh
     Case("fresh", "fori_loop of 3", lambda _: _fori_loop(), Holds("FP4 readings, FLOPs x3")),
