@@ -166,7 +166,13 @@ def advise_run(config, *, budget, workdir: str | None = None, batches: int = 2) 
       keeps = dataclasses.replace(run_policy, pure=False)
       default_kept = tuple(p for p in flops if keeps.kept_high_precision(p))
       budget = sum(flops[p] for p in default_kept) / total if total else 0.0
-    advice = quant.advise(loss_fn, state.params, data, policy, budget=budget, quant_key=quant_key)
+    from lpjax.quant.monitor.advisor import NonFiniteBatch  # noqa: PLC0415
+
+    try:
+      advice = quant.advise(loss_fn, state.params, data, policy, budget=budget,
+                            quant_key=quant_key)
+    except NonFiniteBatch as e:
+      raise AdviseError(f"{e} (measured at the {source})") from e
   return Advised(advice=advice, lines=config_lines(advice.policy, pure=pure), budget=budget,
                  total_flops=total, default_kept=default_kept, source=source)
 
@@ -180,9 +186,12 @@ def ranking_table(advised: Advised) -> str:
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   total = advised.total_flops or 1
   for i, r in enumerate(advised.advice.ranking):
-    vals = [i + 1, r["path"], f"{r['loss_delta']:.4g}", f"{r['grad_noise_ratio']:.3g}"
-            + (" (< sqrt 3)" if r["fails_sqrt3"] else ""), f"{r['out_snr_db']:.1f}",
-            f"{r['flops'] / total:.3f}", "yes" if r["kept"] else ""]
+    if r.get("status") == "not_run":  # never ran on the measured batches (an untaken cond)
+      vals = [i + 1, r["path"], "not run", "not run", "not run", f"{r['flops'] / total:.3f}", ""]
+    else:
+      vals = [i + 1, r["path"], f"{r['loss_delta']:.4g}", f"{r['grad_noise_ratio']:.3g}"
+              + (" (< sqrt 3)" if r["fails_sqrt3"] else ""), f"{r['out_snr_db']:.1f}",
+              f"{r['flops'] / total:.3f}", "yes" if r["kept"] else ""]
     if default:
       vals.append("yes" if r["path"] in advised.default_kept else "")
     lines.append("| " + " | ".join(str(v) for v in vals) + " |")

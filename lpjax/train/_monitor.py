@@ -9,9 +9,11 @@ operands the step itself quantizes. The other steps are the plain train step: it
 the same with the monitor on or off. The measured step compiles once per policy and batch shape.
 
 Each measurement appends one JSON line per site and block to <workdir>/monitor.jsonl (`row`),
-writes grouped TensorBoard scalars (`monitor/*` summaries, `monitor_snr/<path>`,
-`monitor_gnr/<path>`), and logs one line per alert (a statistic across its `monitor.*`
-threshold). With `monitor.fallback`, a (site, pass) that alerts in `monitor.fallback_after`
+writes grouped TensorBoard scalars (`monitor/*` summaries, with the counts of sites that did not
+run or saw non-finite values, `monitor_snr/<path>`, `monitor_gnr/<path>`: finite readings of the
+measured sites only), and logs one line per alert (a statistic across its `monitor.*` threshold;
+a site that did not run or saw non-finite values never alerts: `_monitor_rows` has the encodings).
+With `monitor.fallback`, a (site, pass) that alerts in `monitor.fallback_after`
 measurements in a row switches to `monitor.fallback_recipe` (lpjax/train/_site_fallback.py).
 """
 
@@ -31,7 +33,7 @@ from lpjax.quant.monitor import observer
 from lpjax.quant.monitor.site_stats import discover, measured_value_and_grad
 from lpjax.train import _site_fallback as fallback_lib
 from lpjax.train._metrics import truncate_after
-from lpjax.train._monitor_rows import PASS_OF, alerts, fmt_value, row
+from lpjax.train._monitor_rows import MEASURED, PASS_OF, alerts, fmt_value, number, row
 
 FILENAME = "monitor.jsonl"
 log = logging.getLogger("lpjax.train.monitor")
@@ -127,7 +129,7 @@ class Monitor:
     self.measurements += 1
     found = self._report(done, rows, writer)
     if self.config.fallback:
-      self._strike(done, sites, found)
+      self._strike(done, sites, found, rows)
 
   def _sites(self, policy, state, batch, key):
     """{SiteKey: SiteInfo} of the quantized GEMMs of the step's (first micro)batch."""
@@ -158,22 +160,35 @@ class Monitor:
   def _report(self, done, rows, writer) -> list:
     found = []
     snr, gnr = {}, {}
+    unmeasured = {"nonfinite": set(), "not_run": set()}
     for r in rows:
       if self._file is not None:
-        self._file.write(json.dumps(r) + "\n")
-      values = [r[g]["out_snr_db"] for g in observer.PASSES
+        self._file.write(json.dumps(r, allow_nan=False) + "\n")
+      if r["status"] not in MEASURED:
+        unmeasured[r["status"]].add(r["path"])
+        continue
+      # finite readings only: an exact product (inf) has no scalar
+      values = [number(r[g]["out_snr_db"]) for g in observer.PASSES
                 if len(r[g]) > 1 and r[g]["out_snr_db"] is not None]
+      values = [v for v in values if math.isfinite(v)]
       if values:
         snr[r["path"]] = min(values + [snr.get(r["path"], math.inf)])
-      if r["grad_noise_ratio"] is not None and len(r["wgrad"]) > 1:
-        gnr[r["path"]] = min(r["grad_noise_ratio"], gnr.get(r["path"], math.inf))
+      ratio = number(r["grad_noise_ratio"])
+      if ratio is not None and math.isfinite(ratio) and len(r["wgrad"]) > 1:
+        gnr[r["path"]] = min(ratio, gnr.get(r["path"], math.inf))
       for a in alerts(r, self.config) + self._planted(r):
         found.append(dict(a, path=r["path"], block=r["block"]))
         where = r["path"] + ("" if r["block"] is None else f" (block {r['block']})")
         side = "<" if a["key"].startswith("min") else ">"
         log.warning("step %d: monitor alert: %s %s = %s %s monitor.%s = %g", done, where,
                     a["statistic"], fmt_value(a["value"]), side, a["key"], a["threshold"])
-    scalars = {"monitor/alerts": len(found), "monitor/site_fallbacks": len(self.switches)}
+    if unmeasured["nonfinite"]:
+      log.warning("step %d: monitor: %d site(s) saw a NaN or an infinity in this step's "
+                  "operands or products, so they have no statistics (status nonfinite): %s",
+                  done, len(unmeasured["nonfinite"]), ", ".join(sorted(unmeasured["nonfinite"])))
+    scalars = {"monitor/alerts": len(found), "monitor/site_fallbacks": len(self.switches),
+               "monitor/nonfinite_sites": len(unmeasured["nonfinite"]),
+               "monitor/not_run_sites": len(unmeasured["not_run"])}
     if snr:
       scalars["monitor/min_out_snr_db"] = min(snr.values())
     if gnr:
@@ -186,22 +201,28 @@ class Monitor:
   def _planted(self, r) -> list:
     """debug.monitor_fail_path: that path's forward fails (its fwd.out_snr_db, whatever it is)."""
     pattern = self.trainer.config.debug.monitor_fail_path
-    if not pattern or not re.search(pattern, r["path"]) or len(r["fwd"]) < 2:
+    if (not pattern or not re.search(pattern, r["path"]) or len(r["fwd"]) < 2
+        or r["status"] not in MEASURED):
       return []
     return [dict(statistic="fwd.out_snr_db", value=r["fwd"]["out_snr_db"],
                  key="min_out_snr_db (planted by debug.monitor_fail_path)",
                  threshold=self.config.min_out_snr_db,
                  **{"pass": "fwd"})]
 
-  def _strike(self, done, sites, found):
+  def _strike(self, done, sites, found, rows):
     """Counts failing measurements in a row per (path, pass); switches those reaching
-    monitor.fallback_after (at most monitor.max_fallback_sites in the run)."""
+    monitor.fallback_after (at most monitor.max_fallback_sites in the run). A path none of
+    whose rows was measured in this step (it never ran, or saw a NaN or an infinity) keeps its
+    streak: neither a failure nor a pass."""
     m = self.config
     failing = {}
     for a in found:
       failing.setdefault((a["path"], a["pass"]), a)
+    read = {r["path"] for r in rows if r["status"] in MEASURED}
     measured = set()
     for site_key, info in sites.items():
+      if site_key.path not in read:
+        continue
       for gemm, _, _ in info.operands:
         measured.add((site_key.path, PASS_OF[gemm]))
     switched = {(s["path"], s["pass"]) for s in self.switches}

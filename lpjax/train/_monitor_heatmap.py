@@ -5,6 +5,8 @@ it). Top: per site and block, the lowest `out_snr_db` of its quantized passes (d
 12-16, below `monitor.min_out_snr_db` is an alert); bottom: `grad_noise_ratio` on a log scale
 (below sqrt(3) the FP4 weight gradient is mostly noise). Each panel's colours turn at its alert
 threshold: red below it, yellow at it, green above, so a healthy run is green whatever its range.
+An exact reading (infinite SNR or ratio) is drawn at the top of the scale; a site that did not
+run in that step is grey, one that saw a NaN or an infinity is black; white: not measured.
 Without matplotlib (requirements-plot.txt) it logs a line and writes nothing.
 """
 
@@ -32,8 +34,17 @@ def _read(path: str) -> list:
   return rows
 
 
+# the colour codes of `status_grid`
+STATUS_CODES = {"not_run": 1.0, "nonfinite": 2.0}
+
+
+def _number(v):
+  return math.nan if v is None else float(v)  # "inf" (exact) is math.inf
+
+
 def grids(rows: list):
-  """(site labels, steps, snr grid, gnr grid): NaN where a site was not measured."""
+  """(site labels, steps, snr grid, gnr grid): NaN where a site was not measured (or did not run,
+  or saw non-finite values: `status_grid`), inf where it was exact."""
   labels, steps = [], sorted({r["step"] for r in rows})
   for r in rows:
     label = r["path"] + ("" if r.get("block") is None else f"[{r['block']}]") + (
@@ -47,13 +58,27 @@ def grids(rows: list):
   line = {l: i for i, l in enumerate(labels)}
   for r in rows:
     i, j = line[r["_label"]], col[r["step"]]
-    values = [r[g]["out_snr_db"] for g in ("fwd", "dgrad", "wgrad")
+    if r.get("status", "ok") in STATUS_CODES:
+      continue
+    values = [_number(r[g]["out_snr_db"]) for g in ("fwd", "dgrad", "wgrad")
               if len(r.get(g, {})) > 1 and r[g]["out_snr_db"] is not None]
     if values:
       snr[i, j] = min(values)
     if r.get("grad_noise_ratio") is not None:
-      gnr[i, j] = r["grad_noise_ratio"]
+      gnr[i, j] = _number(r["grad_noise_ratio"])
   return labels, steps, snr, gnr
+
+
+def status_grid(rows: list, labels: list, steps: list):
+  """NaN, or STATUS_CODES of the (site, step) cells that did not run or saw non-finite values
+  (after `grids`, which labels the rows)."""
+  grid = np.full((len(labels), len(steps)), np.nan)
+  line, col = {l: i for i, l in enumerate(labels)}, {s: i for i, s in enumerate(steps)}
+  for r in rows:
+    code = STATUS_CODES.get(r.get("status", "ok"))
+    if code is not None:
+      grid[line[r["_label"]], col[r["step"]]] = code
+  return grid
 
 
 def threshold_limits(grid, threshold: float) -> tuple[float, float, float]:
@@ -87,9 +112,10 @@ def write_heatmap(workdir: str, *, min_out_snr_db: float = 6.0,
              "requirements-plot.txt; monitor.jsonl holds the numbers).", FILENAME)
     return None
   labels, steps, snr, gnr = grids(rows)
+  marks = np.ma.masked_invalid(status_grid(rows, labels, steps))
   height = 1.5 + 0.22 * len(labels)
   fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.3 * len(steps) + 4), 2 * height))
-  from matplotlib.colors import TwoSlopeNorm
+  from matplotlib.colors import ListedColormap, TwoSlopeNorm
 
   gnr_threshold = math.log10(min_grad_noise_ratio)
   panels = ((snr, f"lowest out_snr_db of the quantized passes (dB; alert below "
@@ -98,9 +124,14 @@ def write_heatmap(workdir: str, *, min_out_snr_db: float = 6.0,
              f"{gnr_threshold:.2f} = log10 {min_grad_noise_ratio:.3g})", gnr_threshold))
   for ax, (grid, title, threshold) in zip(axes, panels):
     vmin, vcenter, vmax = threshold_limits(grid, threshold)
+    grid = np.where(np.isposinf(grid), vmax, grid)  # exact: the top of the scale
     image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdYlGn",
                       interpolation="nearest", norm=TwoSlopeNorm(vcenter, vmin, vmax))
-    ax.set_title(title, fontsize=9)
+    if marks.count():  # grey: did not run; black: non-finite
+      ax.imshow(marks, aspect="auto", interpolation="nearest", vmin=1.0, vmax=2.0,
+                cmap=ListedColormap(["lightgrey", "black"]))
+    ax.set_title(title + ("; grey: did not run, black: NaN / Inf" if marks.count() else ""),
+                 fontsize=9)
     ax.set_yticks(range(len(labels)), labels, fontsize=6)
     ticks = range(0, len(steps), max(1, len(steps) // 12))
     ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks], fontsize=7)

@@ -1,5 +1,13 @@
 """The monitor's records: one monitor.jsonl line per measured site and block (`row`), and the
-`monitor.*` thresholds a line crosses (`alerts`); docs/numerics_monitor.md, "In training"."""
+`monitor.*` thresholds a line crosses (`alerts`); docs/numerics_monitor.md, "In training".
+
+The encodings (valid JSON, no bare NaN or Infinity): a line's `status` is "ok", "nonfinite" (the
+site saw a NaN or an infinity in that step: every statistic null) or "not_run" (the site never ran,
+e.g. the untaken branch of a `cond`: every statistic null); an operand's `status` is "ok" or
+"exact" (quantized without error); a statistic is a number, null (not measured or not meaningful:
+the status says why) or "inf" / "-inf" (an exact product's infinite SNR or gradient-noise ratio).
+Only "ok" and "exact" lines are checked against the thresholds.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import math
 
 import numpy as np
 
-from lpjax.quant.monitor import observer
+from lpjax.quant.monitor import observer, sink
 from lpjax.quant.monitor.operand_numerics import STATS
 
 # (statistic, threshold key, lower is bad); operand statistics are checked on every quantized
@@ -17,33 +25,51 @@ OPERAND_CHECKS = (("saturated", "max_saturated", False), ("flushed", "max_flushe
 PASS_OF = {"fwd": "fwd", "dgrad": "bwd", "wgrad": "bwd"}
 
 
-def _finite(v):
-  """A JSON number: non-finite values (not measured, or an exact product's infinite SNR) as null."""
+MEASURED = ("ok", "exact")  # the statuses whose numbers are readings
+
+
+def _json(v):
+  """A JSON value: NaN (not measured) as null, infinities as "inf" / "-inf".
+
+  Examples:
+    >>> _json(float("nan")), _json(float("inf")), _json(2.5)
+    (None, 'inf', 2.5)
+  """
   v = float(v)
-  return v if math.isfinite(v) else None
+  if math.isnan(v):
+    return None
+  return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+def number(v):
+  """A monitor.jsonl statistic as a float (None stays None; "inf" is math.inf)."""
+  return None if v is None else float(v)
 
 
 def fmt_value(v) -> str:
-  return "null" if v is None else f"{v:.4g}"
+  return "null" if v is None else f"{number(v):.4g}"
 
 
 def row(step: int, loss: float, key, block: int, info, values) -> dict:
   """One monitor.jsonl line: the statistics of site `key` (a SiteKey) in block row `block`.
 
-  {"step", "path", "block", "call", "recipe", "loss", "grad_noise_ratio",
-   "fwd": {"out_snr_db", "x": {snr_db, rel_err, saturated, flushed, scale_min, scale_max,
+  {"step", "path", "block", "call", "recipe", "status", "loss", "grad_noise_ratio",
+   "fwd": {"out_snr_db", "x": {status, snr_db, rel_err, saturated, flushed, scale_min, scale_max,
    scale_std, clamped_scales}, "w": {...}}, "dgrad": {"out_snr_db", "dy", "w"}, "wgrad": {...}};
-  an operand the recipe does not quantize is absent.
+  an operand the recipe does not quantize is absent (the module docstring has the encodings).
   """
   v = dict(zip(observer.SINK_FIELDS, np.asarray(values, np.float64).tolist()))
   block = block if key.block == "scan" else int(key.block) if key.block else None
+  loss = float(loss)
   out = dict(step=int(step), path=key.path, block=block, call=key.count,
-             recipe=info.recipe, loss=_finite(loss),
-             grad_noise_ratio=_finite(v["grad_noise_ratio"]))
+             recipe=info.recipe, status=sink.status(v),
+             loss=loss if math.isfinite(loss) else None,
+             grad_noise_ratio=_json(v["grad_noise_ratio"]))
   for gemm in observer.PASSES:
-    out[gemm] = {"out_snr_db": _finite(v[f"{gemm}.out_snr_db"])}
+    out[gemm] = {"out_snr_db": _json(v[f"{gemm}.out_snr_db"])}
   for gemm, operand, _ in info.operands:
-    out[gemm][operand] = {s: _finite(v[f"{gemm}.{operand}.{s}"]) for s in STATS}
+    out[gemm][operand] = dict(status=sink.status(v, f"{gemm}.{operand}"),
+                              **{s: _json(v[f"{gemm}.{operand}.{s}"]) for s in STATS})
   return out
 
 
@@ -61,9 +87,12 @@ def alerts(r: dict, m) -> list[dict]:
     [('fwd.out_snr_db', 'fwd', 6.0), ('grad_noise_ratio', 'bwd', 1.732)]
   """
   found = []
+  if r.get("status", "ok") not in MEASURED:
+    return found  # a site that did not run, or saw a NaN or an infinity: nothing was measured
 
   def check(stat, value, key, low_bad):
     limit = m[key]
+    value = number(value)
     if value is not None and (value < limit if low_bad else value > limit):
       found.append(dict(statistic=stat, value=value, key=key, threshold=limit,
                         **{"pass": PASS_OF[stat.split(".")[0]] if "." in stat else "bwd"}))

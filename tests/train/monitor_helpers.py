@@ -27,9 +27,13 @@ def losses(workdir):
 
 
 def same(a, b, rtol):
-  """a (a monitor.jsonl value, None when not finite) equals b within rtol."""
-  if a is None or b is None or not math.isfinite(b):
-    return (a is None) == (b is None or not math.isfinite(b))
+  """a (a monitor.jsonl value: null when not measured, "inf" when exact) equals b (a site_stats
+  value: NaN when not measured, inf when exact) within rtol."""
+  if a is None or b is None or math.isnan(b):
+    return a is None and (b is None or math.isnan(b))
+  a = float(a)
+  if not math.isfinite(a) or not math.isfinite(b):
+    return a == b
   return abs(a - b) <= rtol * abs(b) + 1e-6
 
 

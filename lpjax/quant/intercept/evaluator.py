@@ -21,8 +21,9 @@ from lpjax.quant.policy import QuantPolicy
 
 SITES_FOUND: contextvars.ContextVar[list | None] = contextvars.ContextVar("lpjax_sites", default=None)
 # `lpjax.quant.monitor`'s hook while it measures (None otherwise): called as
-# `observer(site, block, num_blocks, count, folds)` around each GEMM that a recipe runs, it returns
-# a context manager entered while that GEMM is traced (see lpjax.quant.gemm.dot_general.OBSERVER).
+# `observer(site, block, num_blocks, count, folds, trips=, high_precision=)` around each GEMM
+# that a recipe runs (trips: the iterations of the loops around it; high_precision: the policy's),
+# it returns a context manager entered while that GEMM is traced (see lpjax.quant.gemm.dot_general.OBSERVER).
 SITE_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("lpjax_site_observer", default=None)
 # parameter paths that a scan over blocks slices (stacked layers), collected while tracing
 STACKED_FOUND: contextvars.ContextVar[set | None] = contextvars.ContextVar("lpjax_stacked", default=None)
@@ -42,6 +43,7 @@ class Scope:
   block: Any = None
   folds: tuple = ()
   names: str = ""  # the name stack of the equations that enclose this jaxpr
+  trips: int = 1  # iterations of the scans that are not over blocks, multiplied (FLOPs)
 
   def inside(self, eqn) -> "Scope":
     stack = str(eqn.source_info.name_stack)
@@ -190,7 +192,7 @@ class Run:
     def step(c, x):
       i, c = c[0], c[1]
       s = (dataclasses.replace(scope, block=i) if over_blocks
-           else dataclasses.replace(scope, folds=scope.folds + (i,)))
+           else dataclasses.replace(scope, folds=scope.folds + (i,), trips=scope.trips * length))
       out = self.evaluate(body.jaxpr, body.consts, [*consts, *c, *x], inner, s)
       return (i + 1, out[:ncarry]), out[ncarry:]
 
@@ -263,7 +265,8 @@ class Run:
     self._add(site)
     observer = SITE_OBSERVER.get()
     observed = (contextlib.nullcontext() if observer is None else
-                observer(site, block, self.policy.num_blocks, count, scope.folds))
+                observer(site, block, self.policy.num_blocks, count, scope.folds,
+                         trips=scope.trips, high_precision=self.policy.high_precision))
     with observed:
       if op == "dot_general":
         return quantized_dot(eqn, lhs, rhs, weight, recipe, key, self._axes(wref)), path

@@ -9,6 +9,9 @@ without changing a bit of them (docs/numerics_monitor.md). Modules, and what the
   (pure arrays, no host callback), or a forward with one chosen site quantized; `layer_site` and
   `note_block`, through which lpjax.nn's layers (which call `dot_general` themselves) declare
   their site and block.
+- `sink`: the additive sums each measured GEMM call adds to its site's row (loop iterations and
+  calls pool), the statistics made of them, and the readings' `status` (ok, exact, nonfinite,
+  not_run).
 - `table`: `SiteStats`, the table `site_stats` returns.
 - `site_stats`: `site_stats` (public).
 - `advisor`: `advise` and `Advice` (public).

@@ -8,18 +8,21 @@ around each GEMM that a recipe runs. Three modes:
   its static facts (recipe, which operands are quantized, FLOPs per block, number of blocks); the
   GEMM runs unchanged. Used under `jax.eval_shape`.
 - "stats": the GEMM runs through its own custom-VJP rules (the same bits) inside a custom VJP that
-  also takes a zero "sink" array per site; the sink's cotangent carries the statistics, computed in
-  the backward pass from the GEMM's operands and the incoming dY: per operand quantization
-  `operand_numerics.STATS`, per pass the SNR of the quantized product against the high-precision
-  product of the same operands (`out_snr_db`), and `grad_noise_ratio`. A site in a scan over
-  blocks writes row `block` of its sink (the scan sums the rows' cotangents: one row per block).
+  also takes a zero "sink" array per site; the sink's cotangent carries the statistics' additive
+  sums (`lpjax.quant.monitor.sink`), computed in the backward pass from the GEMM's operands and
+  the incoming dY: per operand quantization the sums of `operand_numerics.STATS`, per pass those
+  of the SNR of the quantized product against the high-precision product of the same operands
+  (`out_snr_db`), of `grad_noise_ratio`, and the number of calls. A site in a scan over blocks
+  writes row `block` of its sink (the scan sums the rows' cotangents: one row per block); the
+  iterations of a loop (a scan that is not over blocks) add to the same row, and a site in the
+  untaken branch of a `cond` gets a zero cotangent: calls 0, "not run".
 - "loss": every quantized GEMM computes its quantized and its high-precision product and returns
   the quantized one only at the selected (site, block) (both traced), so one compiled forward gives
   the loss with any one site quantized, or none (site -1).
 
 Examples:
   >>> len(SINK_FIELDS), SINK_FIELDS[:2], SINK_FIELDS[-4:]
-  (52, ('fwd.x.snr_db', 'fwd.x.rel_err'), ('fwd.out_snr_db', 'dgrad.out_snr_db', 'wgrad.out_snr_db', 'grad_noise_ratio'))
+  (54, ('fwd.x.snr_db', 'fwd.x.rel_err'), ('wgrad.out_snr_db', 'grad_noise_ratio', 'calls', 'nonfinite'))
 """
 
 from __future__ import annotations
@@ -32,22 +35,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lpjax.quant import recipes
 from lpjax.quant.gemm import dot_general as dg
 from lpjax.quant.gemm import operand as opq
 from lpjax.quant.intercept import evaluator
 from lpjax.quant.intercept.sites import QUANTIZED, Site
-from lpjax.quant.monitor.operand_numerics import STATS, operand_numerics
+from lpjax.quant.monitor import sink as sink_lib
+from lpjax.quant.monitor.operand_numerics import operand_sums
+from lpjax.quant.monitor.sink import OPERANDS, PASSES, SINK_FIELDS  # noqa: F401 (re-exported)
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, OperandQuant
-
-PASSES = ("fwd", "dgrad", "wgrad")
-# The operand rows, in the order of lpjax.quant.gemm.dot_general.QUANTIZER_PLACES.
-OPERANDS = tuple((g, name) for g, _, name, _, _ in dg.QUANTIZER_PLACES)
-SINK_FIELDS = (tuple(f"{g}.{o}.{s}" for g, o in OPERANDS for s in STATS)
-               + tuple(f"{g}.out_snr_db" for g in PASSES) + ("grad_noise_ratio",))
-_INDEX = {f: i for i, f in enumerate(SINK_FIELDS)}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -67,10 +64,12 @@ class SiteInfo:
   index: int  # position in program order
   recipe: str
   operands: tuple  # ((gemm, operand, reuses_fwd), ...) of the quantized operands
-  flops: int  # 2 B M K N of the forward product, per block, summed over the site's calls
+  flops: int  # 2 B M K N of the forward product, per block, summed over the site's calls and
+  # the iterations of the loops around it
   rows: int  # number of blocks (a scan over blocks) or 1
   weight_path: str | None
-  in_loop: bool = False  # inside a scan that is not over blocks: measured as the sum over steps
+  in_loop: bool = False  # inside a scan that is not over blocks: its iterations pool in one row
+  high_precision: Any = None  # the high-precision recipe of the policy that runs it (if known)
 
 
 @dataclasses.dataclass
@@ -79,7 +78,8 @@ class _State:
   sites: dict  # SiteKey -> SiteInfo
   sinks: dict | None = None  # SiteKey -> sink array (stats mode)
   select: Any = None  # (site index, block index) traced int32 scalars (loss mode)
-  high_precision: Any = None  # GemmRecipe of the high-precision products (loss mode)
+  high_precision: Any = None  # GemmRecipe of the high-precision products (loss mode); None:
+  # each site's own policy's
 
 
 def _block_row(block):
@@ -95,15 +95,16 @@ def measuring(mode: str, *, sites: dict | None = None, sinks: dict | None = None
   """Measures the quantized GEMMs traced within the block (see the module docstring); yields the
   {SiteKey: SiteInfo} dict ("discover" fills it)."""
   state = _State(mode, {} if sites is None else sites, sinks, select,
-                 recipes.get(high_precision))
+                 None if high_precision is None else recipes.get(high_precision))
 
-  def site_observer(site, block, num_blocks, count, folds):
+  def site_observer(site, block, num_blocks, count, folds, trips=1, high_precision=None):
     if site.status != "quantized":
       return contextlib.nullcontext()
     key = SiteKey(site.path, site.block, count)
     traced_block = site.block == "scan"
     return _gemm_context(state, key, site, block if traced_block else None,
-                         (num_blocks or 1) if traced_block else 1, bool(folds))
+                         (num_blocks or 1) if traced_block else 1, bool(folds), trips,
+                         high_precision)
 
   token = evaluator.SITE_OBSERVER.set(site_observer)
   layers = _LAYERS.set((site_observer, {}, {}))
@@ -150,11 +151,12 @@ def layer_site(path: str, recipe, num_blocks: int | None = None):
 
 
 @contextlib.contextmanager
-def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: bool):
+def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: bool,
+                  trips: int, high_precision):
   def observer(lhs3, rhs3, key_, cfg, fwd, bwd):
     recipe = cfg.recipe
     if state.mode == "discover":
-      _discover(state, key, site, recipe, lhs3, rhs3, rows, in_loop)
+      _discover(state, key, site, recipe, lhs3, rhs3, rows, in_loop, trips, high_precision)
       return dg.canonical_gemm(lhs3, rhs3, key_, cfg)
     info = state.sites.get(key)
     if info is None:
@@ -162,7 +164,9 @@ def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: 
                          "site_stats needs a function that traces the same GEMMs every call.")
     if state.mode == "loss":
       y_q = dg.canonical_gemm(lhs3, rhs3, key_, cfg)
-      y_hp = dg.canonical_gemm(lhs3, rhs3, key_, cfg, state.high_precision)
+      hp = (state.high_precision if state.high_precision is not None
+            else recipes.get(info.high_precision or "bf16"))
+      y_hp = dg.canonical_gemm(lhs3, rhs3, key_, cfg, hp)
       chosen = (state.select[0] == info.index) & (state.select[1] == _block_row(block))
       return jnp.where(chosen, y_q, y_hp.astype(y_q.dtype))
     return _measured(lhs3, rhs3, key_, state.sinks[key], _block_row(block), recipe, fwd, bwd)
@@ -174,13 +178,14 @@ def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: 
     dg.OBSERVER.reset(token)
 
 
-def _discover(state: _State, key: SiteKey, site, recipe, lhs3, rhs3, rows: int, in_loop: bool):
-  flops = 2 * math.prod(lhs3.shape) * rhs3.shape[-1]
+def _discover(state: _State, key: SiteKey, site, recipe, lhs3, rhs3, rows: int, in_loop: bool,
+              trips: int, high_precision):
+  flops = 2 * math.prod(lhs3.shape) * rhs3.shape[-1] * trips  # every iteration of its loops
   if key in state.sites:  # a conv with feature groups calls the GEMM more than once
     state.sites[key].flops += flops
     return
   state.sites[key] = SiteInfo(key, len(state.sites), str(recipe), quantized_operands(recipe),
-                              flops, rows, site.weight_path, in_loop)
+                              flops, rows, site.weight_path, in_loop, high_precision)
 
 
 def quantized_operands(recipe) -> tuple:
@@ -197,7 +202,8 @@ def quantized_operands(recipe) -> tuple:
 
 
 def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd):
-  """The GEMM (its own fwd / bwd rules, so the same bits) with its statistics as sink's cotangent."""
+  """The GEMM (its own fwd / bwd rules, so the same bits) with its statistics' sums as sink's
+  cotangent (added to row `row`)."""
 
   @jax.custom_vjp
   def gemm(lhs3, rhs3, key, sink, row):
@@ -210,7 +216,12 @@ def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd):
   def gemm_bwd(saved, dy):
     res, lhs3, rhs3, key, y, row, zeros = saved
     dx, dw, _ = bwd(res, dy)
-    values = _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe)
+    # The statistics read the tensors through a product with an opaque 1.0 (exact): an elementwise
+    # consumer that XLA fuses like the run's own, so that no tensor of the run is materialized or
+    # fused otherwise than without the monitor (a bias gradient's sum of dY keeps its bits).
+    one = jax.lax.optimization_barrier(jnp.ones((), jnp.float32))
+    seen = [a * one.astype(a.dtype) for a in (lhs3, rhs3, dy, y, dx, dw)]
+    values = _statistics(*seen[:2], key, *seen[2:], recipe)
     ct = jax.lax.dynamic_update_slice(zeros, values[None, :], (row, jnp.int32(0)))
     return dx, dw, None, ct, None
 
@@ -218,11 +229,9 @@ def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd):
   return gemm(lhs3, rhs3, key, sink, row)
 
 
-def _snr_db(ref, approx):
+def _power_err(ref, approx):
   ref, approx = ref.astype(jnp.float32), approx.astype(jnp.float32)
-  err = jnp.sum(jnp.square(ref - approx))
-  power = jnp.sum(jnp.square(ref))
-  return jnp.where(err > 0, 10.0 * jnp.log10(power / jnp.where(err > 0, err, 1.0)), jnp.inf)
+  return jnp.sum(jnp.square(ref)), jnp.sum(jnp.square(ref - approx))
 
 
 def _hp_products(lhs3, rhs3, dy):
@@ -236,21 +245,20 @@ def _hp_products(lhs3, rhs3, dy):
   return y, dx, dw
 
 
+def _nonfinite(*arrays):
+  return sum(jnp.sum((~jnp.isfinite(a.astype(jnp.float32))).astype(jnp.float32)) for a in arrays)
+
+
 def _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe):
-  """The sink row of one GEMM call: SINK_FIELDS as a float32 vector (NaN where not measured)."""
-  values = np.full(len(SINK_FIELDS), np.nan, np.float32)
-  values = jnp.asarray(values)
+  """The sink row of one GEMM call: the sums of `lpjax.quant.monitor.sink` (float32[SIZE])."""
   dy3 = dy.reshape(lhs3.shape[:-1] + rhs3.shape[-1:])
+  operands = {}
   for d in dg.quantizer_inputs(lhs3, rhs3, dy3, key, recipe):
     view = opq.quantize_view(d["x"], d["op"], axis=d["axis"], key=d["key"], signs=d["signs"],
                              block=d["block"])
-    stats = operand_numerics(*view, d["op"])
-    for s in STATS:
-      values = values.at[_INDEX[f"{d['gemm']}.{d['operand']}.{s}"]].set(stats[s])
+    operands[(d["gemm"], d["operand"])] = operand_sums(*view, d["op"])
   y_hp, dx_hp, dw_hp = _hp_products(lhs3, rhs3, dy3)
-  dw_hp_norm = jnp.sqrt(jnp.sum(jnp.square(dw_hp)))
-  noise = jnp.sqrt(jnp.sum(jnp.square(dw.astype(jnp.float32) - dw_hp)))
-  ratio = jnp.where(noise > 0, dw_hp_norm / jnp.where(noise > 0, noise, 1.0), jnp.inf)
-  for g, ref, approx in (("fwd", y_hp, y), ("dgrad", dx_hp, dx), ("wgrad", dw_hp, dw)):
-    values = values.at[_INDEX[f"{g}.out_snr_db"]].set(_snr_db(ref, approx))
-  return values.at[_INDEX["grad_noise_ratio"]].set(ratio)
+  products = {g: _power_err(ref, approx)
+              for g, ref, approx in (("fwd", y_hp, y), ("dgrad", dx_hp, dx), ("wgrad", dw_hp, dw))}
+  nonfinite = _nonfinite(lhs3, rhs3, dy3, y, dx, dw)
+  return sink_lib.pack(operands, products, products["wgrad"], nonfinite)

@@ -18,6 +18,11 @@ and returns float32 scalars, one per name of `STATS` (docs/numerics_monitor.md):
 Quantizers that keep no codes and scales (SSP, QuEST, four-over-six, MS-EDEN) report NaN for the
 scale statistics, `clamped_scales` and `saturated`.
 
+The statistics are computed from additive sums (`operand_sums`: powers, counts and a histogram of
+the block-scale exponents), so that the calls of one site (a loop's iterations, a grouped conv's
+groups) pool into the statistics of all their elements together (`finish`): the SNR of the
+concatenated tensors, the fraction over all elements, the min / max / std over all blocks.
+
 Examples:
   >>> import jax.numpy as jnp
   >>> from lpjax.quant.gemm.operand import quantize_view
@@ -41,27 +46,58 @@ from lpjax.quant.numerics import fp32_bits as fb
 
 STATS = ("snr_db", "rel_err", "saturated", "flushed", "scale_min", "scale_max", "scale_std",
          "clamped_scales")
+# The additive sums of one operand (`operand_sums`), scalars, then the exponent histogram.
+SUMS = ("power", "err", "nonfinite", "saturated", "elements", "flushed", "nonzero", "clamped",
+        "live")
+EXP_LO, EXP_BINS = -160, 320  # histogram bins of floor(log2(scale)): -160 ... 159 (clipped)
 _NAN = np.float32(np.nan)
 
 
 def operand_numerics(xs, x_hat, q, op) -> dict:
   """{name in STATS: float32 scalar} for one quantizer's input `xs` and output `x_hat`."""
+  return finish(operand_sums(xs, x_hat, q, op))
+
+
+def operand_sums(xs, x_hat, q, op) -> dict:
+  """{name in SUMS: float32 scalar, "exponents": float32[EXP_BINS]}: sums over the elements (and
+  blocks) of one quantization; the sums of several quantizations are their pooled sums."""
   xs, x_hat = xs.astype(jnp.float32), x_hat.astype(jnp.float32)
-  err = jnp.sum(jnp.square(xs - x_hat))
-  power = jnp.sum(jnp.square(xs))
-  safe = lambda v: jnp.where(v > 0, v, 1.0)
   nonzero = _nonzero(xs)
+  count = lambda m: jnp.sum(m.astype(jnp.float32))
+  out = dict(power=jnp.sum(jnp.square(xs)), err=jnp.sum(jnp.square(xs - x_hat)),
+             nonfinite=count(~jnp.isfinite(xs)), elements=jnp.float32(xs.size),
+             flushed=count(nonzero & ~_nonzero(x_hat)), nonzero=count(nonzero))
+  if q is None:
+    out.update(saturated=_NAN, clamped=_NAN, live=_NAN,
+               exponents=jnp.full((EXP_BINS,), _NAN))
+  else:
+    out["saturated"] = count(saturated_mask(xs, x_hat, q))
+    out.update(_scale_sums(xs, q, op))
+  return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def finish(s: dict) -> dict:
+  """{name in STATS: float32 array} of sums (`operand_sums`, or sums of them: arrays of any
+  leading shape, "exponents" with a last axis of EXP_BINS)."""
+  safe = lambda v: jnp.where(v > 0, v, 1.0)
+  power, err = s["power"], s["err"]
+  hist = s["exponents"]
+  e = jnp.arange(EXP_BINS, dtype=jnp.float32) + EXP_LO
+  n = jnp.sum(hist, -1)
+  none = ~(n > 0)  # no block with a scale (or no scales kept: NaN)
+  mean = jnp.sum(hist * e, -1) / safe(n)
+  var = jnp.sum(hist * jnp.square(e - mean[..., None]), -1) / safe(n)
+  present = hist > 0
   out = dict(
       snr_db=jnp.where(err > 0, 10.0 * jnp.log10(power / safe(err)), jnp.inf),
       rel_err=jnp.where(power > 0, jnp.sqrt(err) / jnp.sqrt(safe(power)), 0.0),
-      flushed=jnp.sum(nonzero & ~_nonzero(x_hat)) / jnp.maximum(jnp.sum(nonzero), 1),
+      saturated=s["saturated"] / jnp.maximum(s["elements"], 1),
+      flushed=s["flushed"] / jnp.maximum(s["nonzero"], 1),
+      scale_min=jnp.where(none, _NAN, jnp.min(jnp.where(present, e, jnp.inf), -1)),
+      scale_max=jnp.where(none, _NAN, jnp.max(jnp.where(present, e, -jnp.inf), -1)),
+      scale_std=jnp.where(none, _NAN, jnp.sqrt(var)),
+      clamped_scales=s["clamped"] / jnp.maximum(s["live"], 1),
   )
-  if q is None:
-    out.update(saturated=_NAN, scale_min=_NAN, scale_max=_NAN, scale_std=_NAN,
-               clamped_scales=_NAN)
-  else:
-    out["saturated"] = jnp.mean(saturated_mask(xs, x_hat, q).astype(jnp.float32))
-    out.update(_scale_numerics(xs, q, op))
   return {k: jnp.asarray(out[k], jnp.float32) for k in STATS}
 
 
@@ -70,8 +106,9 @@ def _nonzero(x):
   return (fb.to_bits(x) & jnp.uint32(fb.ABS_MASK)) != 0
 
 
-def _scale_numerics(xs, q, op) -> dict:
-  """Block-scale exponents and the clamped fraction, over the blocks that are not all zero."""
+def _scale_sums(xs, q, op) -> dict:
+  """The histogram of the block-scale exponents, and the clamped and live (not all zero) block
+  counts."""
   fmt, layout = q.fmt, q.layout
   # the block amax on the bits (XLA:CPU's float max flushes subnormals)
   amax_bits = jnp.max(fb.to_bits(layout.group(xs)) & jnp.uint32(fb.ABS_MASK),
@@ -101,16 +138,9 @@ def _scale_numerics(xs, q, op) -> dict:
       enc = sc.fp32_encode_scale(amax_bits, fmt.element.max_value)
       clamped = enc >= jnp.uint32(sc.FLT_MAX_BITS)
   clamped = jnp.broadcast_to(live & clamped, exp.shape)
-  n_live = jnp.sum(jnp.broadcast_to(live, exp.shape))
+  n_live = jnp.sum(jnp.broadcast_to(live, exp.shape).astype(jnp.float32))
   live = jnp.broadcast_to(live, exp.shape) & (scales != 0 if fmt.scale != "e8m0" else True)
-  n = jnp.sum(live)
-  e = exp.astype(jnp.float32)
-  mean = jnp.sum(jnp.where(live, e, 0.0)) / jnp.maximum(n, 1)
-  var = jnp.sum(jnp.where(live, jnp.square(e - mean), 0.0)) / jnp.maximum(n, 1)
-  none = n == 0
-  return dict(
-      scale_min=jnp.where(none, _NAN, jnp.min(jnp.where(live, e, jnp.inf))),
-      scale_max=jnp.where(none, _NAN, jnp.max(jnp.where(live, e, -jnp.inf))),
-      scale_std=jnp.where(none, _NAN, jnp.sqrt(var)),
-      clamped_scales=jnp.sum(clamped) / jnp.maximum(n_live, 1),
-  )
+  bins = jnp.clip(exp.astype(jnp.int32) - EXP_LO, 0, EXP_BINS - 1)
+  hist = jnp.zeros((EXP_BINS,), jnp.float32).at[bins.ravel()].add(
+      live.ravel().astype(jnp.float32))
+  return dict(exponents=hist, clamped=jnp.sum(clamped.astype(jnp.float32)), live=n_live)

@@ -27,6 +27,7 @@ import numpy as np
 
 from lpjax.quant.intercept.entry_points import as_policy, quantize_model, quantized
 from lpjax.quant.monitor import observer as obs
+from lpjax.quant.monitor import sink as sink_lib
 from lpjax.quant.monitor.operand_numerics import STATS
 from lpjax.quant.monitor.table import SiteStats
 
@@ -70,26 +71,28 @@ def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = Fals
   """`f(params, *rest) -> (loss, grads, {SiteKey: float32[rows, len(SINK_FIELDS)]})`: the loss
   and gradients of `call` (the quantized run's own bits) with every site's statistics, a pure
   function of arrays (jit it, or call it inside a jitted step). With `has_aux`, `call` returns
-  (loss, aux) and `loss` above is that pair, as `jax.value_and_grad(..., has_aux=True)` gives."""
+  (loss, aux) and `loss` above is that pair, as `jax.value_and_grad(..., has_aux=True)` gives.
+  A row's `calls` field is 0 for a site that never ran, `nonfinite` > 0 for one that saw a NaN
+  or an infinity (`lpjax.quant.monitor.sink.status` reads them)."""
 
   def f(params, *rest):
-    sinks = {k: jnp.zeros((info.rows, len(obs.SINK_FIELDS)), jnp.float32)
-             for k, info in sites.items()}
+    sinks = {k: jnp.zeros((info.rows, sink_lib.SIZE), jnp.float32) for k, info in sites.items()}
 
     def loss_of(params, sinks):
       with obs.measuring("stats", sites=sites, sinks=sinks):
         return call(params, *rest)
 
-    loss, (grads, stats) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
+    loss, (grads, sums) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
         params, sinks)
-    return loss, grads, stats
+    return loss, grads, {k: sink_lib.finish(v) for k, v in sums.items()}
 
   return f
 
 
 def selected_loss(call: Callable, sites: dict, high_precision="bf16") -> Callable:
   """`f(site_index, block, params, *rest) -> loss` with only that site (in that block) quantized
-  and every other measured site run in `high_precision`; site_index -1: none quantized."""
+  and every other measured site run in `high_precision` (None: each site in the high-precision
+  recipe of the policy that runs it); site_index -1: none quantized."""
 
   def f(site_index, block, params, *rest):
     select = (jnp.asarray(site_index, jnp.int32), jnp.asarray(block, jnp.int32))
@@ -118,11 +121,16 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
   Returns:
     A `SiteStats` table: one row per quantized call site, block (a scan over blocks gives one row
     per block) and quantized operand (fwd x / w, dgrad dy / w, wgrad x / dy), with `path`,
-    `block`, `call`, `recipe`, `gemm`, `operand`, `reuses_fwd`, the operand statistics
+    `block`, `call`, `recipe`, `gemm`, `operand`, `reuses_fwd`, `status` ("ok"; "exact": this
+    operand quantized without error, its snr_db inf; "nonfinite": the site saw a NaN or an
+    infinity, every statistic NaN; "not_run": the site never ran, e.g. the untaken branch of a
+    `cond`, every statistic NaN and loss_delta None), the operand statistics
     (`snr_db`, `rel_err`, `saturated`, `flushed`, `scale_min`, `scale_max`, `scale_std`,
     `clamped_scales`), `out_snr_db` (the pass's product against the high-precision product of
     the same operands), and per site `grad_noise_ratio` (||dW_hp|| / ||dW_q - dW_hp||), `flops`
-    and `loss_delta` (None unless measured); plus `.loss` and `.grads` of the quantized run
+    (every call and loop iteration of the site) and `loss_delta` (None unless measured); the
+    iterations of a loop (a scan not over blocks) pool into one row (`in_loop`); plus `.loss`
+    and `.grads` of the quantized run
     (bit-identical to running `target` without measuring). docs/numerics_monitor.md says what
     each statistic means.
   """
@@ -139,7 +147,9 @@ class Measurer:
     self.kwargs = kwargs
     self.sites = None
     self._stats = jax.jit(lambda key, *a: measured_value_and_grad(self._call(key), self.sites)(*a))
-    hp = self.policy.high_precision if self.policy is not None else "bf16"
+    # the policy's high-precision recipe; for a target that brings its own policies (a function
+    # calling a quantize_model model), each site's policy's (discovery records it)
+    hp = self.policy.high_precision if self.policy is not None else None
     self._loss = jax.jit(lambda key, i, b, *a: selected_loss(self._call(key), self.sites, hp)(
         i, b, *a))
 
@@ -172,10 +182,12 @@ def _rows(sites: dict, stats: dict, deltas: dict) -> list:
                   flops=info.flops, in_loop=info.in_loop)
       v = {f: float(x) for f, x in zip(obs.SINK_FIELDS, values[b])}
       for gemm, operand, reuses in info.operands:
-        row = dict(site, gemm=gemm, operand=operand, reuses_fwd=reuses)
+        row = dict(site, gemm=gemm, operand=operand, reuses_fwd=reuses,
+                   status=sink_lib.status(v, f"{gemm}.{operand}"))
         row.update({s: v[f"{gemm}.{operand}.{s}"] for s in STATS})
         row["out_snr_db"] = v[f"{gemm}.out_snr_db"]
         row["grad_noise_ratio"] = v["grad_noise_ratio"]
-        row["loss_delta"] = deltas.get((key, b))
+        # a site that never ran changes no loss: its loss_delta is not a measurement
+        row["loss_delta"] = None if row["status"] == "not_run" else deltas.get((key, b))
         rows.append(row)
   return rows

@@ -26,7 +26,7 @@ LOWER_IS_WORSE = ("snr_db", "out_snr_db", "grad_noise_ratio", "scale_min")
 SITE_FIELDS = ("grad_noise_ratio", "loss_delta", "flops")
 COLUMNS = ("path", "block", "gemm", "operand", "snr_db", "rel_err", "saturated", "flushed",
            "scale_min", "scale_max", "scale_std", "clamped_scales", "out_snr_db",
-           "grad_noise_ratio", "loss_delta")
+           "grad_noise_ratio", "loss_delta", "status")
 
 
 def _site(row) -> tuple:
@@ -43,7 +43,8 @@ def _json_value(v):
 class SiteStats:
   """Per-site, per-operand numerics of one forward and backward pass (`site_stats`).
 
-  rows: one dict per (site, block, quantized operand); fields in docs/numerics_monitor.md.
+  rows: one dict per (site, block, quantized operand); fields in docs/numerics_monitor.md (a row's
+  `status`: "ok", "exact", "nonfinite" or "not_run" says what its numbers are).
   loss: the quantized loss of the pass (the run's own, unchanged); grads: its gradients with
   respect to the first argument; hp_loss: the loss with every measured site in high precision
   (when loss_delta was measured, else None).
