@@ -265,8 +265,8 @@ def _cond_untaken():
 
 def _linen_cond_untaken():
   t = _stats("linen_cond", _linen_cond_params(), (X, C))
-  rare = [r for r in t.rows if r["path"].endswith("rare")]  # "rare" or "params/rare"
-  usual = [r for r in t.rows if r["path"].endswith("usual")]
+  rare = [r for r in t.rows if r["path"] == "rare"]  # param_path: no linen "params" collection
+  usual = [r for r in t.rows if r["path"] == "usual"]
   return len(rare) == 6 and all(r["status"] == "not_run" for r in rare) and _fp4_range(usual)
 
 
