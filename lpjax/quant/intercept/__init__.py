@@ -10,4 +10,6 @@ register in `lpjax.quant.backends.MODEL_ADAPTERS`). Modules, and what they offer
   embedding table or a weight computed from parameters?), and how to bind it as written.
 - `sites`: `Site` and `Report`, what a trace found.
 - `gemm_call`: the quantized call that replaces one GEMM equation.
+- `jax_compat`: everything the others read of JAX's jaxprs (primitive parameters that change
+  between JAX releases), in one place.
 """
