@@ -5,6 +5,7 @@ so nothing is installed."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -185,10 +186,27 @@ def test_the_editable_install_filters_setuptools_notice_only():
   assert line.strip().startswith('PYTHONWARNINGS="ignore:Editable installation"')
 
 
-def test_ci_runs_make_test():
-  commands = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
-              if l.strip() and not l.startswith("#") and not l.startswith(("set ", "cd "))]
-  assert commands == ["make test"]
+def _ci(tmp_path, fail=""):
+  """.ci/run with a stand-in `make` that logs its arguments (and fails for goal `fail`)."""
+  log = tmp_path / "make.log"
+  fake = tmp_path / "bin" / "make"
+  fake.parent.mkdir()
+  fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1" = "{fail}" ] && exit 3\nexit 0\n')
+  fake.chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+  env["PATH"] = f"{fake.parent}:{env['PATH']}"
+  r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                     env=env)
+  return r, log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("fail", ["", "test", "test-current"])
+def test_ci_runs_make_test_then_the_current_stack_and_fails_if_either_fails(tmp_path, fail):
+  r, calls = _ci(tmp_path, fail)
+  assert calls == ["test", "test-current"]  # the README's command first; both always run
+  assert (r.returncode != 0) == bool(fail), r.stdout
+  for part in ("pinned", "current"):
+    assert re.search(rf"=== ci: {part}: exit \d+, wall \d+ s", r.stdout), r.stdout
 
 
 def test_python_requirement_is_311_everywhere():
