@@ -108,6 +108,12 @@ def _jax_version() -> tuple:
 AOT_GPU_KIND = "NVIDIA H100 80GB HBM3"
 
 
+def _has_gpu() -> bool:
+  """Whether JAX has a GPU to lower for (the backend itself: tests that make `on_gpu` answer True
+  to trace the kernels as a GPU would still lower for the abstract one)."""
+  return jax.default_backend() == "gpu"
+
+
 def _abstract_devices() -> bool:
   """Whether this jax lowers for an abstract device (an AbstractMesh with an AbstractDevice)."""
   try:
@@ -139,7 +145,7 @@ def cuda_lowering_unavailable(version: tuple | None = None, gpu: bool | None = N
     'jax 0.13 lowers Pallas-Triton kernels only for a GPU it knows'
   """
   version = _jax_version() if version is None else tuple(version)
-  gpu = on_gpu() if gpu is None else gpu
+  gpu = _has_gpu() if gpu is None else gpu
   if version < (0, 11) or gpu:
     return None
   if _abstract_devices() if abstract is None else abstract:
@@ -167,7 +173,7 @@ def cuda_lowering_target():
     >>> "xla.gpu.triton" in lowered.as_text()
     True
   """
-  if _jax_version() < (0, 11) or on_gpu():
+  if _jax_version() < (0, 11) or _has_gpu():
     return contextlib.nullcontext()
   device = jax.sharding.AbstractDevice(device_kind=AOT_GPU_KIND, num_cores=132, platform="gpu")
   # an Auto axis: the mesh only names the device; its axis shards nothing (an Explicit one would

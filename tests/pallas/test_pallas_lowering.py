@@ -96,7 +96,7 @@ def test_on_a_cpu_the_lowering_target_is_what_makes_jax_0_11_lower_for_cuda():
   x = jnp.zeros((32, 64), jnp.float32)
   lower = lambda: jax.jit(CASES["fake_quant_nvfp4"]).trace(x).lower(lowering_platforms=("cuda",))
   assert _support.cuda_lowering_unavailable() is None  # on every supported jax, GPU or not
-  if _support._jax_version() < (0, 11) or _support.on_gpu():
+  if _support._jax_version() < (0, 11) or _support._has_gpu():
     assert isinstance(_support.cuda_lowering_target(), contextlib.nullcontext)
   else:
     with pytest.raises(Exception, match="GPU"):  # "No supported GPU devices found"
