@@ -54,8 +54,8 @@ def _equal(a, b):
   return len(la) == len(lb) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(la, lb))
 
 
-# XLA's numerics differ between releases (docs/numerics.md §13, "Across JAX releases"): from jax 0.11, XLA may sum the
-# embedding gradient's contributions (the gather's scatter-add, the tied head, attention) in
+# XLA's numerics differ between releases (docs/numerics.md §13, "Across JAX releases"): from
+# jax 0.11, XLA may sum the embedding gradient's contributions (the gather's scatter-add, the tied head, attention) in
 # another order in the intercepted program than in the plain one, which moves a few elements by
 # up to one ulp, in the model's compute dtype, of the leaf's largest element (seen on jax 0.12.1:
 # 4 of 736 by 0.5 ulp in float32, 16 of 736 by 0.23 ulp in bfloat16). Forward outputs stay bit
