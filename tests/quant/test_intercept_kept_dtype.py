@@ -55,11 +55,11 @@ def _equal(a, b):
 
 
 # XLA's numerics differ between releases (docs/numerics.md §13, "Across JAX releases"): from
-# jax 0.11, XLA may sum the embedding gradient's contributions (the gather's scatter-add, the tied head, attention) in
-# another order in the intercepted program than in the plain one, which moves a few elements by
-# up to one ulp, in the model's compute dtype, of the leaf's largest element (seen on jax 0.12.1:
-# 4 of 736 by 0.5 ulp in float32, 16 of 736 by 0.23 ulp in bfloat16). Forward outputs stay bit
-# for bit; on the pinned jax 0.10 gradients are too.
+# jax 0.11, XLA may sum the embedding gradient's contributions (the gather's scatter-add, the
+# tied head, attention) in another order in the intercepted program than in the plain one. That
+# moves a few elements by up to one ulp, in the model's compute dtype, of the leaf's largest
+# element (seen on jax 0.12.1: 4 of 736 by 0.5 ulp in float32, 16 of 736 by 0.23 ulp in
+# bfloat16). Forward outputs stay bit for bit; on the pinned jax 0.10 gradients are too.
 GRAD_ULPS = 0 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11) else 1
 
 
