@@ -1,10 +1,25 @@
-# Set-up and checks for a fresh clone. Everything installs into ./.venv.
+# Set-up and checks for a fresh clone. The stack follows the Python that PY names:
+# - Python 3.11: the pinned stack (jax 0.10.2): requirements.txt, requirements-dev.txt, in ./.venv;
+# - Python 3.12 or 3.13: the current stack (jax 0.12.1): requirements-py312.txt,
+#   requirements-py312-dev.txt, in ./.venv-py312 (e.g. make PY=python3.12 test).
+# Each stack has its own venv, and a venv made by another Python is refused (check-venv).
 PY ?= python3
+PY_VERSION := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+STACK := $(if $(filter 3.11,$(PY_VERSION)),pinned,current)
+ifeq ($(STACK),pinned)
 VENV ?= .venv
+REQUIREMENTS := requirements.txt
+REQUIREMENTS_DEV := requirements-dev.txt
+else
+VENV ?= .venv-py312
+REQUIREMENTS := requirements-py312.txt
+REQUIREMENTS_DEV := requirements-py312-dev.txt
+endif
 BIN := $(VENV)/bin
 .DEFAULT_GOAL := venv
 
-.PHONY: venv venv-dev venv-plot test train plot clean venv-tf test-tf gpu-check gpu-bundle check-python
+.PHONY: venv venv-dev venv-plot test test-current train plot clean venv-tf test-tf gpu-check \
+	gpu-bundle check-python check-venv
 
 # lpjax needs Python 3.11+ (jaxlib, numpy, scipy and flax as pinned in requirements.txt): checked
 # first, with one line naming the fix, before a venv is made or anything installed.
@@ -19,6 +34,14 @@ esac
 check-python:
 	@$(PY_CHECK)
 
+# A venv made by another Python than PY (another stack) is refused, never installed into.
+check-venv:
+	@$(PY_CHECK)
+	@v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || exit 0; \
+	[ "$$v" = "$(PY_VERSION)" ] || { echo "make: VENV=$(VENV) holds Python $$v, but PY=$(PY) is \
+	Python $(PY_VERSION) (the $(STACK) stack): use another VENV (the default for it is \
+	$(if $(filter pinned,$(STACK)),.venv,.venv-py312)) or remove $(VENV)" >&2; exit 1; }
+
 $(BIN)/python:
 	@$(PY_CHECK)
 	$(PY) -m venv $(VENV)
@@ -29,8 +52,8 @@ $(BIN)/python:
 # .installed-plot: + matplotlib (`make plot`); .installed-dev: + pytest and the notebook runner
 # (`make test`). setuptools' "Editable installation" notice (a build warning, not a problem) is
 # filtered out of the editable install's output.
-$(VENV)/.installed: $(BIN)/python requirements.txt pyproject.toml
-	$(BIN)/pip install -q -r requirements.txt
+$(VENV)/.installed: $(BIN)/python $(REQUIREMENTS) pyproject.toml
+	$(BIN)/pip install -q -r $(REQUIREMENTS)
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q --no-deps -e .
 	touch $@
 
@@ -38,13 +61,13 @@ $(VENV)/.installed-plot: $(VENV)/.installed requirements-plot.txt
 	$(BIN)/pip install -q -r requirements-plot.txt
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-plot requirements-dev.txt
-	$(BIN)/pip install -q -r requirements-dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed $(VENV)/.installed-plot $(REQUIREMENTS_DEV)
+	$(BIN)/pip install -q -r $(REQUIREMENTS_DEV)
 	touch $@
 
-venv: $(VENV)/.installed
-venv-plot: $(VENV)/.installed-plot
-venv-dev: $(VENV)/.installed-dev
+venv: check-venv $(VENV)/.installed
+venv-plot: check-venv $(VENV)/.installed-plot
+venv-dev: check-venv $(VENV)/.installed-dev
 
 # XLA:CPU allocates each program's buffers afresh at every call; with this glibc tunable they come
 # in 2 MiB transparent huge pages instead of being faulted in 4 KiB at a time, and CPU steps run
@@ -66,9 +89,31 @@ OUT ?=
 plot: venv-plot
 	$(BIN)/python -m lpjax.plot $(RUNS) $(if $(OUT),--out=$(OUT))
 
-# The test suite (what .ci/run runs; it lists its 25 slowest tests). PYTEST_ARGS passes extra flags.
+# The test suite (what .ci/run runs; it lists its 25 slowest tests). PYTEST_ARGS passes extra flags,
+# TESTS a list of test files or folders (default: all). On the current stack a DeprecationWarning
+# that lpjax's own code triggers is an error (tests/conftest.py).
+TESTS ?=
 test: venv-dev
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(TESTS) $(PYTEST_ARGS)
+
+# The fast part of the suite on the current stack (what .ci/run runs beside `make test`): the
+# interception and its JAX compatibility layer, the layers, the LLaMA models, the Pallas kernels
+# lowered for a GPU, a train smoke and the GPU check's tests. About 750 CPU-seconds (jax 0.12.1,
+# cold compile cache), i.e. ~6-7 min on 2 idle cores. CURRENT_PY names the Python: python3.12
+# (else python3.13) if it runs, else pyenv's (a pyenv shim runs only the versions that `pyenv
+# global` names).
+CURRENT_PY ?= $(shell for v in 3.12 3.13; do python$$v -c '' 2>/dev/null && { echo python$$v; exit; }; \
+	p=$$(pyenv prefix $$v 2>/dev/null) && [ -x "$$p/bin/python$$v" ] && { echo "$$p/bin/python$$v"; exit; }; \
+	done; echo python3.12)
+CURRENT_TESTS ?= tests/quant/test_jax_compat.py tests/quant/test_intercept.py \
+	tests/quant/test_intercept_kept_dtype.py tests/quant/test_intercept_short_k.py tests/nn \
+	tests/models/test_hf_llama.py tests/models/test_llama_causality.py \
+	tests/pallas/test_pallas_lowering.py tests/pallas/test_fp4_gemm_lowering.py \
+	tests/train/test_train.py::test_tiny_configs_run_and_write_results tests/train/test_checkpoint.py \
+	tests/benchmarks/test_gpu_check.py \
+	tests/benchmarks/test_gpu_check_rehearsal.py::test_make_gpu_check_dry_run_writes_everything_into_out
+test-current:
+	$(MAKE) --no-print-directory test PY=$(CURRENT_PY) TESTS="$(CURRENT_TESTS)"
 
 # The GPU check (benchmarks/gpu_check): stages a-g in the order a g b c e d f, each in its own
 # process with its own deadline, <= 540 s on one H100/H200 (one 600 s call). OUT=DIR gets
@@ -100,6 +145,8 @@ gpu-bundle:
 TF_VENV ?= .venv-tf
 $(TF_VENV)/bin/python:
 	@$(PY_CHECK)
+	@[ "$(STACK)" = pinned ] || { echo "make: the TensorFlow extra is tested on the pinned stack \
+	only (requirements-tf.txt pins it beside jax 0.10.2): make PY=python3.11 venv-tf" >&2; exit 1; }
 	$(PY) -m venv $(TF_VENV)
 	$(TF_VENV)/bin/pip install -q --upgrade pip
 
@@ -133,4 +180,4 @@ test-interop: venv-interop
 	$(INTEROP_VENV)/bin/python -m pytest $(INTEROP_TESTS) $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TF_VENV) build *.egg-info
+	rm -rf $(VENV) .venv .venv-py312 $(TF_VENV) build *.egg-info

@@ -45,7 +45,7 @@ REQUIRED = ("jax", "jaxlib", "numpy", "ml_dtypes", "flax", "optax", "orbax.check
             "ml_collections", "absl")
 # The source the check runs: everything else (docs, tests, notebooks) stays home.
 SOURCE = ("lpjax", "benchmarks", "configs", "scripts", "train.py", "Makefile", "pyproject.toml",
-          "requirements.txt", "README.md")
+          "requirements.txt", "requirements-py312.txt", "README.md")
 
 
 def wheel_name(dist: str, version: str) -> str:

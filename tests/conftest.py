@@ -16,3 +16,14 @@ _CACHE_DIR = (os.environ.get("LPJAX_TEST_CACHE_DIR")
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# The pinned stack's jax (requirements.txt); a newer one is the current stack (requirements-py312.txt).
+PINNED_JAX = (0, 10)
+
+
+def pytest_configure(config):
+  """On the current stack, a DeprecationWarning that lpjax's own code triggers (a deprecated JAX,
+  Flax or NumPy API that it calls) fails the test: the next release removes that API."""
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) > PINNED_JAX:
+    config.addinivalue_line("filterwarnings", "error::DeprecationWarning:lpjax")

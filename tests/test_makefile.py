@@ -5,6 +5,7 @@ so nothing is installed."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -61,12 +62,81 @@ def test_this_python_passes_the_check():
   assert _make("check-python", f"PY={sys.executable}").returncode == 0
 
 
-def _installs(goal, venv):
-  """The requirements files `make -n goal` would install, in order."""
-  r = _make("-n", goal, f"VENV={venv}")
+def _installs(goal, venv, version="3.11", *args):
+  """The requirements files `make -n goal` would install, in order, for a Python `version`."""
+  r = _make("-n", goal, f"VENV={venv}", f"PY={_fake_python(venv.parent, version)}", *args)
   assert r.returncode == 0, r.stderr
   return [line.split(" -r ")[1].split()[0] for line in r.stdout.splitlines()
           if "pip install" in line and " -r " in line]
+
+
+def _variables(version, tmp_path, *args):
+  """The Makefile's stack variables for a Python `version` (make's database, nothing run)."""
+  r = _make("-p", "-n", "check-python", f"PY={_fake_python(tmp_path, version)}", *args)
+  assert r.returncode == 0, r.stderr
+  found = {}
+  for line in r.stdout.splitlines():
+    name, sep, value = line.partition(" = ")
+    if not sep:
+      name, sep, value = line.partition(" := ")
+    if sep and name in ("STACK", "VENV", "REQUIREMENTS", "REQUIREMENTS_DEV"):
+      found[name] = value
+  return found
+
+
+@pytest.mark.parametrize("version,stack,venv,requirements", [
+    ("3.11", "pinned", ".venv", "requirements.txt"),
+    ("3.12", "current", ".venv-py312", "requirements-py312.txt"),
+    ("3.13", "current", ".venv-py312", "requirements-py312.txt")])
+def test_the_stack_follows_the_python(tmp_path, version, stack, venv, requirements):
+  got = _variables(version, tmp_path)
+  dev = requirements.replace(".txt", "-dev.txt")
+  assert got == {"STACK": stack, "VENV": venv, "REQUIREMENTS": requirements,
+                 "REQUIREMENTS_DEV": dev}
+  stand_in = _venv(tmp_path / "v")
+  assert _installs("test", stand_in, version) == [requirements, "requirements-plot.txt", dev]
+  assert f"-r {requirements}" in (ROOT / dev).read_text()
+
+
+def test_the_two_stacks_pin_jax_apart():
+  def pins(name):
+    return dict(l.split("==") for l in (ROOT / name).read_text().splitlines() if "==" in l)
+  pinned, current = pins("requirements.txt"), pins("requirements-py312.txt")
+  assert pinned["jax"] == pinned["jaxlib"] == "0.10.2"
+  assert current["jax"] == current["jaxlib"] and current["jax"] >= "0.12"
+  assert set(pinned) == set(current)  # the same packages, each stack's releases
+
+
+def test_a_venv_of_another_python_is_refused_before_anything_is_installed(tmp_path):
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  (tmp_path / "v").mkdir()
+  (venv / "bin" / "python").symlink_to(_fake_python(tmp_path / "v", "3.11"))  # the pinned stack's
+  for goal in ("venv", "test"):
+    r = _make(goal, f"VENV={venv}", f"PY={_fake_python(tmp_path, '3.12')}")
+    assert r.returncode != 0
+    assert f"VENV={venv} holds Python 3.11, but PY=" in r.stderr and "current stack" in r.stderr
+    assert "pip" not in r.stdout and not (venv / ".installed").exists()
+
+
+def test_make_test_current_runs_the_fast_part_on_the_current_python(tmp_path):
+  venv = _venv(tmp_path, stamps=(".installed", ".installed-plot", ".installed-dev"), age=10)
+  py = _fake_python(tmp_path, "3.12")
+  r = _make("-n", "test-current", f"CURRENT_PY={py}", f"VENV={venv}")
+  assert r.returncode == 0, r.stderr
+  run = r.stdout.strip().splitlines()[-1]
+  assert run.startswith(f"{venv}/bin/python -m pytest -n 2 ")
+  for path in ("tests/quant/test_jax_compat.py", "tests/quant/test_intercept.py",
+               "tests/pallas/test_pallas_lowering.py", "tests/benchmarks/test_gpu_check.py"):
+    assert f" {path} " in f"{run} "
+  for path in [w for w in run.split() if w.startswith("tests/")]:
+    assert (ROOT / path.split("::")[0]).exists(), path
+
+
+def test_the_tensorflow_extra_is_refused_on_the_current_stack(tmp_path):
+  r = _make("venv-tf", f"PY={_fake_python(tmp_path, '3.12')}", f"TF_VENV={tmp_path / 'tf'}")
+  assert r.returncode != 0 and "pinned stack only" in r.stderr
+  assert not (tmp_path / "tf").exists()
 
 
 def _venv(tmp_path, stamps=(), age=0.0):
@@ -117,10 +187,27 @@ def test_the_editable_install_filters_setuptools_notice_only():
   assert line.strip().startswith('PYTHONWARNINGS="ignore:Editable installation"')
 
 
-def test_ci_runs_make_test():
-  commands = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
-              if l.strip() and not l.startswith("#") and not l.startswith(("set ", "cd "))]
-  assert commands == ["make test"]
+def _ci(tmp_path, fail=""):
+  """.ci/run with a stand-in `make` that logs its arguments (and fails for goal `fail`)."""
+  log = tmp_path / "make.log"
+  fake = tmp_path / "bin" / "make"
+  fake.parent.mkdir()
+  fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1" = "{fail}" ] && exit 3\nexit 0\n')
+  fake.chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+  env["PATH"] = f"{fake.parent}:{env['PATH']}"
+  r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+                     env=env)
+  return r, log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("fail", ["", "test", "test-current"])
+def test_ci_runs_make_test_then_the_current_stack_and_fails_if_either_fails(tmp_path, fail):
+  r, calls = _ci(tmp_path, fail)
+  assert calls == ["test", "test-current"]  # the README's command first; both always run
+  assert (r.returncode != 0) == bool(fail), r.stdout
+  for part in ("pinned", "current"):
+    assert re.search(rf"=== ci: {part}: exit \d+, wall \d+ s", r.stdout), r.stdout
 
 
 def test_python_requirement_is_311_everywhere():

@@ -23,9 +23,10 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax._src import sharding_impls  # parse_flatten_op_sharding: an HLO tiling -> spec
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from lpjax.quant.intercept import jax_compat  # an HLO tiling -> PartitionSpec (jax internals)
 
 
 def use_partitioning() -> bool:
@@ -45,14 +46,7 @@ def _spec(sharding, mesh, ndim: int):
   """The operand's PartitionSpec over `mesh`, or all None where XLA chose a tiling that no
   PartitionSpec of this mesh spells (e.g. a scale axis of 2 blocks split 2 ways while its mesh
   axis has 4 devices): such an operand is then gathered, never mis-read."""
-  spec = getattr(sharding, "spec", None)
-  hlo = getattr(sharding, "_hlo_sharding", None)
-  if spec is None and hlo is not None and not mesh.empty:
-    try:
-      spec = sharding_impls.parse_flatten_op_sharding(hlo, mesh)[0]
-    except ValueError:  # jax's IndivisibleError is a ValueError
-      spec = None
-  spec = tuple(spec or ())
+  spec = tuple(jax_compat.spec_of_hlo_sharding(sharding, mesh) or ())
   return spec + (None,) * (ndim - len(spec))
 
 

@@ -12,6 +12,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
@@ -101,26 +103,80 @@ def _jax_version() -> tuple:
   return tuple(int(p) for p in jax.__version__.split(".")[:2] if p.isdigit())
 
 
-def cuda_lowering_unavailable(version: tuple | None = None, gpu: bool | None = None) -> str | None:
+# The GPU that a CPU machine lowers the kernels for from jax 0.11: compute capability 9.0, what
+# jax 0.10's lowering falls back to without a GPU.
+AOT_GPU_KIND = "NVIDIA H100 80GB HBM3"
+
+
+def _has_gpu() -> bool:
+  """Whether JAX has a GPU to lower for (the backend itself: tests that make `on_gpu` answer True
+  to trace the kernels as a GPU would still lower for the abstract one)."""
+  return jax.default_backend() == "gpu"
+
+
+def _abstract_devices() -> bool:
+  """Whether this jax lowers for an abstract device (an AbstractMesh with an AbstractDevice)."""
+  try:
+    jax.sharding.AbstractMesh((1,), ("x",), abstract_device=jax.sharding.AbstractDevice(
+        device_kind=AOT_GPU_KIND, num_cores=132, platform="gpu"))
+  except (AttributeError, TypeError):
+    return False
+  return hasattr(jax.sharding, "use_abstract_mesh")
+
+
+def cuda_lowering_unavailable(version: tuple | None = None, gpu: bool | None = None,
+                              abstract: bool | None = None) -> str | None:
   """None when `jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))` can lower the Triton
-  kernels on this machine; otherwise why not (the lowering tests skip with this reason).
+  kernels on this machine (inside `cuda_lowering_target()`); otherwise why not (the lowering
+  tests skip with this reason).
 
   jax 0.10's Pallas-Triton lowering falls back to compute capability 9.0 when there is no GPU, so
-  a CPU machine lowers for "cuda". From jax 0.11 the lowering asks the default device for its GPU
-  information and fails without one; lowering then needs a GPU (docs/pallas.md, "Newer JAX").
+  a CPU machine lowers for "cuda" as it is. From jax 0.11 the lowering asks for the GPU's
+  information, from the default device or from the abstract device of the abstract mesh in
+  context (`jax.sharding.use_abstract_mesh`, an ahead-of-time target): `cuda_lowering_target`
+  names an H100 there (docs/pallas.md, "Newer JAX"). A jax without abstract devices needs a GPU.
 
   Examples:
     >>> cuda_lowering_unavailable(version=(0, 10), gpu=False) is None
     True
-    >>> cuda_lowering_unavailable(version=(0, 11), gpu=True) is None
+    >>> cuda_lowering_unavailable(version=(0, 12), gpu=False, abstract=True) is None
     True
-    >>> cuda_lowering_unavailable(version=(0, 11), gpu=False)[:58]
-    'jax 0.11 lowers Pallas-Triton kernels only with a GPU: its'
+    >>> cuda_lowering_unavailable(version=(0, 13), gpu=False, abstract=False)[:61]
+    'jax 0.13 lowers Pallas-Triton kernels only for a GPU it knows'
   """
   version = _jax_version() if version is None else tuple(version)
-  gpu = on_gpu() if gpu is None else gpu
+  gpu = _has_gpu() if gpu is None else gpu
   if version < (0, 11) or gpu:
     return None
-  return (f"jax {'.'.join(map(str, version))} lowers Pallas-Triton kernels only with a GPU: its "
-          "pallas_call lowering asks the default device for the compute capability (jax 0.10 "
-          "fell back to 9.0 without one); run these tests on a GPU machine")
+  if _abstract_devices() if abstract is None else abstract:
+    return None
+  version_text = ".".join(map(str, version))
+  return (f"jax {version_text} lowers Pallas-Triton kernels only for a GPU it knows: "
+          "its pallas_call lowering asks the default device, or an abstract mesh's AbstractDevice, "
+          "for the compute capability (jax 0.10 fell back to 9.0), and this jax has no abstract "
+          "devices; run these tests on a GPU machine")
+
+
+def cuda_lowering_target():
+  """The context in which the kernels lower for "cuda" on this machine: none on jax 0.10 or on a
+  GPU; from jax 0.11 without a GPU, an abstract mesh whose device is an H100 (AOT_GPU_KIND), from
+  which the Pallas-Triton lowering reads compute capability 9.0. Only tracing and lowering: an
+  array computed inside the context fails (its device is abstract), so make the inputs first.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from lpjax import pallas
+    >>> f = lambda x: pallas.quantize(x, "mxfp4", interpret=False)
+    >>> x = jnp.zeros((32, 64))  # made outside: no array can be computed for an abstract device
+    >>> with cuda_lowering_target():
+    ...   lowered = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+    >>> "xla.gpu.triton" in lowered.as_text()
+    True
+  """
+  if _jax_version() < (0, 11) or _has_gpu():
+    return contextlib.nullcontext()
+  device = jax.sharding.AbstractDevice(device_kind=AOT_GPU_KIND, num_cores=132, platform="gpu")
+  # an Auto axis: the mesh only names the device; its axis shards nothing (an Explicit one would
+  # give every traced array a sharding type on it)
+  return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh(
+      (1,), ("lowering",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device))

@@ -183,12 +183,13 @@ def _lowers_to_triton(fn, *args):
   from jax.experimental.pallas import triton as pltriton
 
   from lpjax.pallas import _support
-  reason = _support.cuda_lowering_unavailable()  # jax >= 0.11 without a GPU
+  reason = _support.cuda_lowering_unavailable()  # a jax that knows no abstract GPU
   if reason:
     pytest.skip(reason)
   target = getattr(pltriton, "CUSTOM_CALL_TARGET_NAME", "xla.gpu.triton").split("$")[-1]
-  traced = jax.jit(fn).trace(*args)
-  return target in traced.lower(lowering_platforms=("cuda",)).as_text()
+  with _support.cuda_lowering_target():  # jax >= 0.11 on a CPU: an abstract H100
+    traced = jax.jit(fn).trace(*args)
+    return target in traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("name", [c.name for c in kernels.kernel_cases(False)])

@@ -172,4 +172,7 @@ def test_bf16_moments_need_no_state_sized_random_array():
   params = jax.ShapeDtypeStruct((n,), jnp.float32)
   state = jax.eval_shape(tx.init, params)
   compiled = jax.jit(tx.update).lower(params, state, params).compile()
-  assert compiled.memory_analysis().temp_size_in_bytes < 8 * n
+  # XLA:CPU's buffer plan differs between releases: jax 0.10 keeps 4 bytes per element, jax 0.12.1
+  # 8 (two float32 temporaries) + 512 bytes; both far below the 20 of materialized random bits
+  per_element = 8 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11) else 12
+  assert compiled.memory_analysis().temp_size_in_bytes < per_element * n

@@ -1,12 +1,15 @@
 """Every kernel lowers to Triton IR, checked on a CPU machine by lowering for the "cuda" platform.
 
-Under jax >= 0.11 the lowering needs a GPU (`_support.cuda_lowering_unavailable`): these tests
-skip with that reason on a CPU machine there, and run on a GPU machine.
+jax 0.10 lowers for "cuda" on a CPU as it is; from jax 0.11 the lowering reads the GPU from an
+abstract device, an H100 (`_support.cuda_lowering_target`). A jax with neither would skip these
+tests with the reason (`_support.cuda_lowering_unavailable`).
 
 This runs JAX's Pallas-to-Triton lowering (every primitive needs a Triton rule; loads, stores and
 intermediate arrays need power-of-two sizes; reductions and dots are verified as Triton ops), but
 not Triton's own compiler or the GPU: a GPU run of test_pallas_kernels.py is the full check.
 """
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -53,11 +56,12 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernel_lowers_to_triton(name):
-  reason = _support.cuda_lowering_unavailable()  # jax >= 0.11 without a GPU
+  reason = _support.cuda_lowering_unavailable()  # a jax that knows no abstract GPU
   if reason:
     pytest.skip(reason)
   x = jnp.zeros((128, 256), jnp.bfloat16)
-  text = jax.jit(CASES[name]).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  with _support.cuda_lowering_target():
+    text = jax.jit(CASES[name]).trace(x).lower(lowering_platforms=("cuda",)).as_text()
   assert "xla.gpu.triton" in text  # the Triton backend, not Mosaic GPU (JAX's default)
 
 
@@ -86,12 +90,24 @@ def test_kernels_never_divide_floats(name):
   assert not float_divs
 
 
-def test_cuda_lowering_needs_a_gpu_from_jax_0_11():
-  """The lowering tests run under the pinned jax 0.10 on a CPU and skip, with a reason, where a
-  jax >= 0.11 has no GPU to ask."""
-  import jax as _jax
-  if tuple(int(p) for p in _jax.__version__.split(".")[:2]) < (0, 11):
-    assert _support.cuda_lowering_unavailable() is None
-  assert _support.cuda_lowering_unavailable(version=(0, 10), gpu=False) is None
-  assert "only with a GPU" in _support.cuda_lowering_unavailable(version=(0, 11, 2), gpu=False)
-  assert _support.cuda_lowering_unavailable(version=(0, 12), gpu=True) is None
+def test_on_a_cpu_the_lowering_target_is_what_makes_jax_0_11_lower_for_cuda():
+  """jax 0.10 lowers on a CPU as it is (no context); from jax 0.11 the same lowering without the
+  abstract GPU fails, and with it succeeds: the target is needed, and enough."""
+  x = jnp.zeros((32, 64), jnp.float32)
+  lower = lambda: jax.jit(CASES["fake_quant_nvfp4"]).trace(x).lower(lowering_platforms=("cuda",))
+  assert _support.cuda_lowering_unavailable() is None  # on every supported jax, GPU or not
+  if _support._jax_version() < (0, 11) or _support._has_gpu():
+    assert isinstance(_support.cuda_lowering_target(), contextlib.nullcontext)
+  else:
+    with pytest.raises(Exception, match="GPU"):  # "No supported GPU devices found"
+      lower()
+  with _support.cuda_lowering_target():
+    assert "xla.gpu.triton" in lower().as_text()
+
+
+def test_a_jax_without_abstract_devices_skips_with_the_reason():
+  assert _support.cuda_lowering_unavailable(version=(0, 10), gpu=False, abstract=False) is None
+  assert _support.cuda_lowering_unavailable(version=(0, 12), gpu=True, abstract=False) is None
+  assert _support.cuda_lowering_unavailable(version=(0, 12), gpu=False, abstract=True) is None
+  reason = _support.cuda_lowering_unavailable(version=(0, 13), gpu=False, abstract=False)
+  assert "only for a GPU it knows" in reason and "abstract" in reason

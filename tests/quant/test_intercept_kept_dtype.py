@@ -54,6 +54,28 @@ def _equal(a, b):
   return len(la) == len(lb) and all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(la, lb))
 
 
+# XLA's numerics differ between releases (docs/numerics.md §13, "Across JAX releases"): from
+# jax 0.11, XLA may sum the embedding gradient's contributions (the gather's scatter-add, the
+# tied head, attention) in another order in the intercepted program than in the plain one. That
+# moves a few elements by up to one ulp, in the model's compute dtype, of the leaf's largest
+# element (seen on jax 0.12.1: 4 of 736 by 0.5 ulp in float32, 16 of 736 by 0.23 ulp in
+# bfloat16). Forward outputs stay bit for bit; on the pinned jax 0.10 gradients are too.
+GRAD_ULPS = 0 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11) else 1
+
+
+def _grads_equal(a, b, dtype=jnp.float32):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  if len(la) != len(lb) or any(x.dtype != y.dtype for x, y in zip(la, lb)):
+    return False
+  for x, y in zip(la, lb):
+    eps = float(jnp.finfo(dtype).eps)
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    ulp = eps * np.abs(y).max()
+    if np.abs(x - y).max() > GRAD_ULPS * ulp:
+      return False
+  return True
+
+
 @pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4"])
 def test_fp32_model_kept_sites_are_the_original_gemms_bit_for_bit(recipe):
   ((kept_ref, mlp_ref), grad_ref), ((kept, mlp), grad), rep = _outputs(quant.QuantPolicy(recipe=recipe))
@@ -61,7 +83,7 @@ def test_fp32_model_kept_sites_are_the_original_gemms_bit_for_bit(recipe):
   assert st["mlp"] == (recipe, "quantized")
   for path in ("attn/attn_scores", "attn/attn_values", "Embed_0", "head"):
     assert st[path] == ("auto", "high precision"), (path, st)
-  assert _equal(kept, kept_ref) and _equal(grad, grad_ref)  # attention, tied and named head
+  assert _equal(kept, kept_ref) and _grads_equal(grad, grad_ref)  # attention, tied, named head
   assert not np.array_equal(mlp, mlp_ref)  # the quantized site is quantized
   assert all(k.dtype == jnp.float32 for k in kept)
 
@@ -79,4 +101,4 @@ def test_bf16_model_kept_sites_stay_bf16_and_exact():
   ((kept_ref, _), grad_ref), ((kept, _), grad), _ = _outputs(
       quant.QuantPolicy(recipe="mxfp4"), dtype=jnp.bfloat16)
   assert all(k.dtype == jnp.bfloat16 for k in kept)
-  assert _equal(kept, kept_ref) and _equal(grad, grad_ref)
+  assert _equal(kept, kept_ref) and _grads_equal(grad, grad_ref, jnp.bfloat16)

@@ -294,8 +294,16 @@ def test_a_quantize_model_linen_model_through_its_loss():
   assert len(t.rows) == 12
   ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss))(params, x, jax.random.key(2))
   assert np.asarray(ref_loss).tobytes() == np.asarray(t.loss).tobytes()
+  # From jax 0.11 XLA may sum a bias gradient (a reduction over the batch) in another order in the
+  # measured program than in the plain one: up to one float32 ulp of the leaf's largest element
+  # (seen on jax 0.12.1: 37 of up's 64 bias entries, 0.81 ulp); bit for bit on the pinned jax 0.10
+  # (docs/numerics.md §13, "Across JAX releases").
+  ulps = 0 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11) else 1
   for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(t.grads)):
-    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    if ulps == 0:
+      assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.abs(a - b).max() <= ulps * np.finfo(np.float32).eps * np.abs(a).max()
 
 
 def test_lpjax_llama_scanned_blocks_one_row_per_block_and_the_same_bits():

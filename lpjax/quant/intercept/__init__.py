@@ -13,4 +13,6 @@ register in `lpjax.quant.backends.MODEL_ADAPTERS`). Modules, and what they offer
   "act_product"), from the data flow.
 - `rule_check`: the rules that match no site, and the nearest site paths.
 - `gemm_call`: the quantized call that replaces one GEMM equation.
+- `jax_compat`: everything the others read of JAX's jaxprs (primitive parameters that change
+  between JAX releases), in one place.
 """

@@ -54,6 +54,7 @@ import jax
 from lpjax.quant import backends, recipes
 from lpjax.quant.gemm.dot_general import as_key
 from lpjax.quant.recipes.gemm_recipe import GemmRecipe
+from lpjax.quant.intercept import jax_compat
 from lpjax.quant.intercept.evaluator import SITES_FOUND, STACKED_FOUND, Run, Scope, Weight
 from lpjax.quant.intercept.sites import Report
 from lpjax.quant.policy import QuantPolicy, param_path
@@ -143,10 +144,11 @@ def _count_blocks(policy: QuantPolicy, paths, jaxpr, weights) -> int | None:
     return max(found) + 1
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "scan":
-      nc, ncarry = eqn.params["num_consts"], eqn.params["num_carry"]
+      scan = jax_compat.scan_params(eqn)
       ins = [i for i, v in enumerate(jaxpr.invars) if i in weights]
-      if any(v in eqn.invars[nc + ncarry:] for v in (jaxpr.invars[i] for i in ins)):
-        return eqn.params["length"]
+      xs = eqn.invars[scan.num_consts + scan.num_carry:]
+      if any(v in xs for v in (jaxpr.invars[i] for i in ins)):
+        return scan.length
   return None
 
 

@@ -5,10 +5,11 @@ computed from parameters alone, and how to bind it as written. Pure functions of
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
-from jax.extend import core as jcore
+# bind and inner_jaxprs are the evaluator's too (equations.bind, equations.inner_jaxprs)
+from lpjax.quant.intercept.jax_compat import (  # noqa: F401
+    bind, conv_params, dot_dimension_numbers, inner_jaxprs, is_literal)
 
 GEMMS = ("dot_general", "conv_general_dilated")
 # Ops that move or cast a weight without mixing it with anything: their result is still it.
@@ -23,7 +24,7 @@ def computed_weight(eqn, weight_of, gemm_ok: bool = False):
   """A weight computed from parameters alone (weight normalisation, a LoRA product, a scale
   folded in): the operands are all parameters (or literals), and the result is named after the
   largest of them."""
-  refs = [(v, weight_of(v)) for v in eqn.invars if not isinstance(v, jcore.Literal)]
+  refs = [(v, weight_of(v)) for v in eqn.invars if not is_literal(v)]
   if not refs or any(w is None for _, w in refs) or (has_gemm(eqn) and not gemm_ok):
     return None
   return max(refs, key=lambda r: r[0].aval.size if hasattr(r[0].aval, "size") else 0)[1]
@@ -39,14 +40,14 @@ def contraction_length(eqn) -> int:
   """K, the number of products summed into one output: the contracting dims of a dot_general;
   for a convolution, input features per group times the kernel window."""
   if eqn.primitive.name == "dot_general":
-    (lc, _), _ = eqn.params["dimension_numbers"]
+    (lc, _), _ = dot_dimension_numbers(eqn)
     shape = eqn.invars[0].aval.shape
     k = 1
     for d in lc:
       k *= shape[d]
     return k
   rhs = eqn.invars[1].aval.shape
-  dn = eqn.params["dimension_numbers"]
+  dn = conv_params(eqn).dimension_numbers
   out_dim = dn.rhs_spec[0] if dn is not None else 0
   k = 1
   for d, n in enumerate(rhs):
@@ -81,7 +82,7 @@ def one_hot_results(eqn, marks: dict) -> list[int]:
   to a float and moved by layout ops, here or inside a nested function without GEMMs
   (`jax.nn.one_hot`'s jit). `marks`: {var: "eq" or "one_hot"} so far."""
   name = eqn.primitive.name
-  first = eqn.invars[0] if eqn.invars and not isinstance(eqn.invars[0], jcore.Literal) else None
+  first = eqn.invars[0] if eqn.invars and not is_literal(eqn.invars[0]) else None
   if name == "eq":
     for v in eqn.outvars:
       marks[v] = "eq"
@@ -107,7 +108,7 @@ def gathered_inputs(jaxpr) -> set[int]:
   origin = {v: i for i, v in enumerate(jaxpr.invars)}
   found = set()
   for eqn in jaxpr.eqns:
-    ins = [origin.get(v) if not isinstance(v, jcore.Literal) else None for v in eqn.invars]
+    ins = [origin.get(v) if not is_literal(v) else None for v in eqn.invars]
     if eqn.primitive.name == "gather" and ins and ins[0] is not None:
       found.add(ins[0])
     elif eqn.primitive.name in LAYOUT_OPS and ins and ins[0] is not None:
@@ -118,17 +119,6 @@ def gathered_inputs(jaxpr) -> set[int]:
         if len(sub.invars) == len(ins):
           found.update(ins[i] for i in gathered_inputs(sub) if ins[i] is not None)
   return found
-
-
-def inner_jaxprs(eqn):
-  out = []
-  for v in eqn.params.values():
-    for j in (v if isinstance(v, (tuple, list)) else (v,)):
-      if isinstance(j, jcore.ClosedJaxpr):
-        out.append(j.jaxpr)
-      elif isinstance(j, jcore.Jaxpr):
-        out.append(j)
-  return out
 
 
 def has_gemm(eqn) -> bool:
@@ -151,14 +141,3 @@ def is_activation_site(path: str) -> bool:
   """A site path of a product of two activations (`lpjax.quant.intercept.roles` names them)."""
   return path.rpartition("/")[2] in ("attn_scores", "attn_values", "act_product")
 
-
-def bind(eqn, invals):
-  """The equation as written (with its context: name scope, compute placement)."""
-  params = eqn.primitive.get_bind_params(eqn.params)
-  subfuns = []
-  if isinstance(params, tuple):  # JAX before 0.7: (subfuns, params)
-    subfuns, params = params
-  ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-  with ctx if ctx is not None else contextlib.nullcontext():
-    out = eqn.primitive.bind(*subfuns, *invals, **params)
-  return list(out) if eqn.primitive.multiple_results else [out]

@@ -12,9 +12,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend import core as jcore
 
-from lpjax.quant.intercept import equations, roles as roles_lib, sites as sites_lib
+from lpjax.quant.intercept import equations, jax_compat, roles as roles_lib, sites as sites_lib
 from lpjax.quant.intercept.gemm_call import is_identity, quantized_conv, quantized_dot
 from lpjax.quant.intercept.sites import HIGH_PRECISION, QUANTIZED, UNCHANGED, Site
 from lpjax.quant.policy import QuantPolicy
@@ -46,7 +45,7 @@ class Scope:
   trips: int = 1  # iterations of the scans that are not over blocks, multiplied (FLOPs)
 
   def inside(self, eqn) -> "Scope":
-    stack = str(eqn.source_info.name_stack)
+    stack = jax_compat.name_stack(eqn)
     return dataclasses.replace(self, names="/".join(p for p in (self.names, stack) if p))
 
 
@@ -71,10 +70,10 @@ class Run:
     marks = {}  # comparisons and their float casts (one_hot(ids)): a GEMM with one is a lookup
 
     def read(v):
-      return v.val if isinstance(v, jcore.Literal) else env[v]
+      return v.val if jax_compat.is_literal(v) else env[v]
 
     def weight_of(v):
-      return None if isinstance(v, jcore.Literal) else wenv.get(v)
+      return None if jax_compat.is_literal(v) else wenv.get(v)
 
     if self.roles is None:  # the traced function itself: its activation products, named once
       self.roles = roles_lib.attention_roles(jaxpr, set(weights))
@@ -88,10 +87,10 @@ class Run:
       invals = [read(v) for v in eqn.invars]
       name = eqn.primitive.name
       in_feeds = frozenset().union(*(feeds.get(v, frozenset()) for v in eqn.invars
-                                     if not isinstance(v, jcore.Literal)))
+                                     if not jax_compat.is_literal(v)))
       if name in equations.GEMMS:
         wrefs = [weight_of(v) for v in eqn.invars[:2]]
-        one_hot = any(w is None and not isinstance(v, jcore.Literal)
+        one_hot = any(w is None and not jax_compat.is_literal(v)
                       and marks.get(v) == "one_hot" for v, w in zip(eqn.invars[:2], wrefs))
         if one_hot and any(w is not None for w in wrefs):  # one_hot(ids) @ table: a lookup
           self.looked_up.update(w.path for w in wrefs if w is not None)
@@ -144,22 +143,23 @@ class Run:
     name = eqn.primitive.name
     if not equations.has_gemm(eqn):
       return equations.bind(eqn, invals)
-    params = eqn.params
     weights = {i: w for i, w in enumerate(wrefs) if w is not None}
     scope = scope.inside(eqn)
-    if name in ("jit", "pjit", "closed_call", "core_call"):
-      closed = params.get("jaxpr") or params.get("call_jaxpr")
-      return self.evaluate(closed.jaxpr, closed.consts, invals, weights, scope)
-    if "prevent_cse" in params and "jaxpr" in params:  # jax.checkpoint / nn.remat
-      jaxpr = params["jaxpr"]
-      fn = lambda *a: self.evaluate(jaxpr, (), a, weights, scope)
-      return jax.checkpoint(fn, prevent_cse=params["prevent_cse"], policy=params["policy"])(*invals)
+    called = jax_compat.call_body(eqn)
+    if called is not None:  # jax.jit, closed_call
+      return self.evaluate(called.jaxpr, called.consts, invals, weights, scope)
+    remat = jax_compat.remat_params(eqn)
+    if remat is not None:  # jax.checkpoint / nn.remat
+      body = remat.body
+      fn = lambda *a: self.evaluate(body.jaxpr, body.consts, a, weights, scope)
+      return jax.checkpoint(fn, prevent_cse=remat.prevent_cse, policy=remat.policy)(*invals)
     if name == "scan":
       return self._scan(eqn, invals, weights, scope)
     if name == "cond":
       index, ops = invals[0], invals[1:]
       w = {i - 1: x for i, x in weights.items() if i > 0}
-      branches = [functools.partial(self._closed, b, w, scope) for b in params["branches"]]
+      branches = [functools.partial(self._closed, b, w, scope)
+                  for b in jax_compat.cond_branches(eqn)]
       return jax.lax.switch(index, branches, *ops)
     self._list_inner(eqn, scope, f"inside {name}: its body runs as written")
     return equations.bind(eqn, invals)
@@ -168,10 +168,10 @@ class Run:
     return self.evaluate(closed.jaxpr, closed.consts, args, weights, scope)
 
   def _scan(self, eqn, invals, weights, scope: Scope):
-    p = eqn.params
-    nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+    p = jax_compat.scan_params(eqn)
+    nc, ncarry, length = p.num_consts, p.num_carry, p.length
     consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
-    body = p["jaxpr"]
+    body = p.body
     inner = {i: w for i, w in weights.items() if i < nc}
     inner.update({i: Weight(w.path, stacked=True) for i, w in weights.items() if i >= nc + ncarry})
     over_blocks = any(i >= nc + ncarry for i in weights)
@@ -179,7 +179,7 @@ class Run:
     if stacked is not None:
       stacked.update(w.path for i, w in weights.items() if i >= nc + ncarry)
     if over_blocks and self.policy.varies_by_block:  # each block its own recipe: unroll
-      order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+      order = range(length - 1, -1, -1) if p.reverse else range(length)
       ys = [None] * length
       for i in order:
         x_i = [x[i] for x in xs]
@@ -196,15 +196,15 @@ class Run:
       out = self.evaluate(body.jaxpr, body.consts, [*consts, *c, *x], inner, s)
       return (i + 1, out[:ncarry]), out[ncarry:]
 
-    start = jnp.asarray(length - 1 if p["reverse"] else 0, jnp.int32)
-    if p["reverse"]:
+    start = jnp.asarray(length - 1 if p.reverse else 0, jnp.int32)
+    if p.reverse:
       step_rev = step
 
       def step(c, x):  # noqa: F811  (the counter counts down)
         (_, c_out), y = step_rev(c, x)
         return (c[0] - 1, c_out), y
     (_, carry), ys = jax.lax.scan(step, (start, list(carry)), list(xs), length=length,
-                                  reverse=p["reverse"], unroll=p["unroll"])
+                                  reverse=p.reverse, unroll=p.unroll)
     return [*carry, *ys]
 
   # -- one GEMM ---------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ class Run:
       short = equations.short_contraction(eqn, recipe, lhs, rhs)
       if short:
         recipe, why = self.policy.kept_recipe_for(path), short
-    if is_identity(recipe, lhs, rhs, eqn.params.get("preferred_element_type")):
+    if is_identity(recipe, lhs, rhs, jax_compat.preferred_element_type(eqn)):
       # the original op runs; a site kept out of a quantized recipe is reported as kept
       lifted = bool(why) and not self.policy.own_recipe(path).is_high_precision
       original = ("the original op (operands as given)" if recipe.compute_dtype is None
@@ -273,7 +273,7 @@ class Run:
       return quantized_conv(eqn, lhs, rhs, recipe, key), path
 
   def _unattributable(self, eqn, lhs, rhs, weight: str) -> str:
-    pet = eqn.params.get("preferred_element_type")
+    pet = jax_compat.preferred_element_type(eqn)
     floats = all(jnp.issubdtype(x.dtype, jnp.floating) for x in (lhs, rhs))
     if not floats or (pet is not None and not jnp.issubdtype(pet, jnp.floating)):
       return "integer or non-float operands: not a quantizable GEMM"
@@ -281,11 +281,11 @@ class Run:
       return ("both operands are parameters (e.g. LoRA's A @ B): the product is a weight, "
               "computed as written; a GEMM that uses it treats it as its weight")
     if eqn.primitive.name == "dot_general" and weight != "none":
-      (_, _), (lb, rb) = eqn.params["dimension_numbers"]
+      (_, _), (lb, rb) = jax_compat.dot_dimension_numbers(eqn)
       if (rb if weight == "rhs" else lb):
         return "a weight with batch dimensions (per-example weights)"
     if eqn.primitive.name == "conv_general_dilated":
-      if eqn.params.get("batch_group_count", 1) != 1:
+      if jax_compat.conv_params(eqn).batch_group_count != 1:
         return "batch_group_count > 1"
       if weight == "lhs":
         return "the weight is the convolution's input"

@@ -7,11 +7,11 @@ transpose; a `conv_general_dilated` runs as `lpjax.quant.conv_general_dilated`.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from lpjax.quant.gemm.conv import conv_general_dilated
 from lpjax.quant.gemm.dot_general import dot_general
+from lpjax.quant.intercept import jax_compat
 from lpjax.quant.recipes.gemm_recipe import GemmRecipe
 
 
@@ -35,8 +35,8 @@ def _natural(x, contracting, batch, first: bool) -> bool:
 
 
 def quantized_dot(eqn, lhs, rhs, weight: str, recipe, key, rhs_axes):
-  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-  pet = eqn.params.get("preferred_element_type")
+  (lc, rc), (lb, rb) = jax_compat.dot_dimension_numbers(eqn)
+  pet = jax_compat.preferred_element_type(eqn)
   if weight == "none":
     # Two activations: `jnp.einsum` may have put them in either order. Run them in the order
     # whose canonical GEMM needs no transposes (probabilities x values, not values x
@@ -65,10 +65,8 @@ def _plain_weight(w, contracting, batch) -> bool:
 
 
 def quantized_conv(eqn, lhs, rhs, recipe, key):
-  p = eqn.params
-  dn = p["dimension_numbers"]
-  specs = (dn.lhs_spec, dn.rhs_spec, dn.out_spec) if dn is not None else None
-  dn = jax.lax.ConvDimensionNumbers(*specs) if specs is not None else None
-  return conv_general_dilated(lhs, rhs, p["window_strides"], p["padding"], p["lhs_dilation"],
-                              p["rhs_dilation"], dn, p["feature_group_count"], recipe=recipe,
-                              key=key, preferred_element_type=p.get("preferred_element_type"))
+  p = jax_compat.conv_params(eqn)
+  return conv_general_dilated(lhs, rhs, p.window_strides, p.padding, p.lhs_dilation,
+                              p.rhs_dilation, p.dimension_numbers, p.feature_group_count,
+                              recipe=recipe, key=key,
+                              preferred_element_type=p.preferred_element_type)

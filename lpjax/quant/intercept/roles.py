@@ -36,9 +36,8 @@ Examples:
 
 from __future__ import annotations
 
-from jax.extend import core as jcore
 
-from lpjax.quant.intercept import equations
+from lpjax.quant.intercept import equations, jax_compat
 
 SCORES, VALUES, ACT_PRODUCT = "attn_scores", "attn_values", "act_product"
 ACTIVATION_SITE_NAMES = (SCORES, VALUES, ACT_PRODUCT)  # the last path part of such a product
@@ -82,7 +81,7 @@ class _Flow:
     """The states of `jaxpr`'s outputs for the states `ins` of its inputs."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, ins))
-    read = lambda v: _NONE if isinstance(v, jcore.Literal) else env.get(v, _NONE)
+    read = lambda v: _NONE if jax_compat.is_literal(v) else env.get(v, _NONE)
     for eqn in jaxpr.eqns:
       outs = self._eqn(eqn, [read(v) for v in eqn.invars])
       env.update(zip(eqn.outvars, outs))
@@ -101,14 +100,15 @@ class _Flow:
       act, srcs = ins[0]
       return [(act, frozenset((g, True) for g, _ in srcs))] * n_out
     if name == "scan":
-      return self._loop(eqn.params["jaxpr"], ins, eqn.params["num_consts"],
-                        eqn.params["num_carry"])
+      p = jax_compat.scan_params(eqn)
+      return self._loop(p.body, ins, p.num_consts, p.num_carry)
     if name == "while":
-      cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
-      return self._loop(eqn.params["body_jaxpr"], ins[cn:], bn, len(ins) - cn - bn)[:n_out]
+      p = jax_compat.while_params(eqn)
+      cn, bn = p.cond_nconsts, p.body_nconsts
+      return self._loop(p.body, ins[cn:], bn, len(ins) - cn - bn)[:n_out]
     if name == "cond":
       outs = [_NONE] * n_out
-      for branch in eqn.params["branches"]:
+      for branch in jax_compat.cond_branches(eqn):
         outs = [_merge(o, b) for o, b in zip(outs, self._call(branch, ins[1:]))]
       return outs
     for sub in equations.inner_jaxprs(eqn):  # jit, checkpoint, custom_jvp / custom_vjp
