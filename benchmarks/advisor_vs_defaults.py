@@ -28,7 +28,7 @@ each (recipe, seed) is kept in `<root>/<recipe>/advice/seed<seed>.txt` (+ .md: t
 Prints a markdown table: per recipe and arm, the mean ± std over seeds of the final eval loss
 (the run's own precision; `final_eval_loss` of results.json), the per-seed values, and the fraction
 of GEMM FLOPs kept in high precision. `--record [NAME]` also writes each arm's mean, std and
-per-seed losses to docs/results/records/NAME.json (default advisor_vs_defaults_<steps>), the record
+per-seed losses to docs/results/records/<NAME>.json (default advisor_vs_defaults_<steps>), the record
 the docs' advisor figures cite (benchmarks/records.py).
 """
 
@@ -234,7 +234,7 @@ def main(argv=None):
   p.add_argument("--retrain_same", action="store_true",
                  help="train an advised arm whose advice keeps the default list's sites too")
   p.add_argument("--record", nargs="?", const="", default=None, metavar="NAME",
-                 help="write the finished runs' losses to docs/results/records/NAME.json "
+                 help="write the finished runs' losses to docs/results/records/<NAME>.json "
                       "(default NAME: advisor_vs_defaults_<steps>)")
   args = p.parse_args(argv)
   args.seeds = [int(s) for s in args.seeds.split(",")]

@@ -13,7 +13,7 @@ estimate of the GPU footprint, not a measurement of it. `--remat` forces block r
 on or off in both programs. The steps are traced with the activation sharding hints, as the
 trainer's are. Results and the breakdown: docs/results.md, "Memory". `--record [NAME]` also writes
 the figures the docs state (GiB per device, the baseline's, the ratio) to
-docs/results/records/NAME.json (benchmarks/records.py), e.g. `--licm=off --record=llama_memory_1b`.
+docs/results/records/<NAME>.json (benchmarks/records.py), e.g. `--licm=off --record=llama_memory_1b`.
 
 `--licm=off` removes an XLA:CPU artifact. XLA:CPU has no bfloat16 arithmetic: it converts bf16
 values to float32, and while-loop-invariant code motion then hoists the converts of the layer

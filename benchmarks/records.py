@@ -17,10 +17,10 @@ Example (a record written into a temporary folder; no jax needed):
 
 >>> import json, tempfile
 >>> folder = tempfile.mkdtemp()
->>> path = write_record("demo", {"ratio": 0.2603}, "python benchmarks/demo.py", directory=folder)
+>>> path = write_record("demo", {"ratio": 0.2603}, "python benchmarks/weight_gather.py", directory=folder)
 >>> record = json.load(open(path))
 >>> record["figures"], record["command"], sorted(record)[:3]
-({'ratio': 0.2603}, 'python benchmarks/demo.py', ['command', 'commit', 'date'])
+({'ratio': 0.2603}, 'python benchmarks/weight_gather.py', ['command', 'commit', 'date'])
 >>> read_record("demo", directory=folder)["name"]
 'demo'
 """
@@ -173,7 +173,7 @@ def read_record(name: str, directory: str | None = None) -> dict:
 def add_record_argument(parser, default_name: str) -> None:
   """`--record [NAME]`: write this run's figures as record NAME (default `default_name`)."""
   parser.add_argument("--record", nargs="?", const=default_name, default=None, metavar="NAME",
-                      help=f"write the figures to docs/results/records/NAME.json (default name "
+                      help=f"write the figures to docs/results/records/<NAME>.json (default name "
                            f"{default_name}); the docs' headline figures are checked against it")
 
 
