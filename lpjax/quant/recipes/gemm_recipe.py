@@ -270,3 +270,36 @@ class GemmRecipe:
 
   def __str__(self):
     return self.name or repr(self)
+
+
+def precision_rank(recipe: GemmRecipe) -> int:
+  """How precise a recipe's GEMMs are, for comparing high-precision recipes: 0 for a quantized
+  recipe, else the bits of its compute dtype (bf16 / fp16: 16, fp32: 32); 32 for "as given"
+  ("auto"), which is, like "fp32", the model's own GEMM on the operands of a model (fp32, bf16
+  or fp16: at most 32 bits; `lpjax.quant.intercept` runs both as the original op)."""
+  if not recipe.is_high_precision:
+    return 0
+  if recipe.compute_dtype is None:
+    return 32
+  return 8 * recipe.compute_dtype.itemsize
+
+
+def kept_recipe(high_precision: GemmRecipe, own: GemmRecipe) -> GemmRecipe:
+  """The recipe of a kept layer: `high_precision`, unless the layer's own recipe (its rule's or
+  the policy's `recipe`) is itself unquantized and at least as precise: a kept layer never runs
+  below the recipe the run asked for (under "fp32" every layer, kept or not, runs fp32). With
+  "auto" (as given, the default) a kept layer runs the model's own GEMM under every recipe.
+
+  Examples:
+    >>> from lpjax.quant import recipes
+    >>> kept_recipe(recipes.get("bf16"), recipes.get("fp32")).name
+    'fp32'
+    >>> kept_recipe(recipes.get("bf16"), recipes.get("mxfp4")).name
+    'bf16'
+    >>> kept_recipe(recipes.get("auto"), recipes.get("bf16")).name   # not below the model's dtype
+    'auto'
+    >>> kept_recipe(recipes.get("auto"), recipes.get("fp32")).name   # both the original GEMM
+    'fp32'
+  """
+  rank = precision_rank(own)
+  return own if rank and rank >= precision_rank(high_precision) else high_precision
