@@ -31,7 +31,7 @@ import os
 import sys
 import warnings
 
-FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4")
+FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4", "gguf", "gguf-mxfp4")
 
 
 class ExportError(RuntimeError):
@@ -95,7 +95,7 @@ def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
   A non-empty `out` is refused unless `overwrite`; then it is replaced whole (written beside it,
   renamed into place)."""
   from lpjax._export_metadata import export_metadata  # noqa: PLC0415
-  from lpjax.models import hf_llama  # noqa: PLC0415
+  from lpjax.models import _gguf, hf_llama  # noqa: PLC0415
 
   if fmt not in FORMATS:
     raise ExportError(f"--format={fmt!r}; valid: {', '.join(FORMATS)}.")
@@ -112,9 +112,14 @@ def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
   try:
     with warnings.catch_warnings():  # a requantization is reported in the summary (and by main)
       warnings.filterwarnings("ignore", "export_weights: ", UserWarning)
-      hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy,
-                               requantize=allow_requantize, base_config=base,
-                               max_positions=max_positions, files=files, overwrite=overwrite)
+      kw = dict(policy=policy, requantize=allow_requantize, base_config=base,
+                max_positions=max_positions, files=files, overwrite=overwrite)
+      if fmt in _gguf.GGUF_FORMATS:
+        _gguf.save_gguf(out, cfg, params, fmt, **kw)
+      else:
+        hf_llama.save_pretrained(out, cfg, params, dtype=fmt, **kw)
+  except ImportError as error:  # --format gguf without the gguf package
+    raise ExportError(str(error)) from None
   except ValueError as error:
     raise ExportError(str(error).replace("requantize=True (python -m lpjax.export "
                                          "--allow_requantize)", "--allow_requantize")) from error
@@ -134,7 +139,8 @@ def main(argv=None) -> int:
   parser.add_argument("--format", default="bf16", choices=FORMATS,
                       help="bf16 weights, or the run's packed linear weights: nvfp4-ct / mxfp4-ct "
                       "(compressed-tensors' nvfp4- / mxfp4-pack-quantized: transformers, vLLM), "
-                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names)")
+                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names), "
+                      "gguf / gguf-mxfp4 (llama.cpp: bf16, or GGML's MXFP4 linear weights)")
   parser.add_argument("--allow_requantize", action="store_true",
                       help="when the run's forward weight quantizer cannot be packed as it ran "
                       "(a Hadamard transform, QuEST, stochastic rounding), pack the "

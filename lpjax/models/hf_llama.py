@@ -43,7 +43,7 @@ import numpy as np
 
 from lpjax import quant
 from lpjax.models._hf_checkpoint_files import (  # noqa: F401 (re-exported)
-    CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint)
+    CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint, write_directory)
 from lpjax.models._hf_config import (  # noqa: F401 (re-exported)
     HFLayout, hf_config, layout_of, llama_config_from_hf)
 from lpjax.models._hf_fp4_layouts import (FORMATS, QUANT_LAYOUTS, hf_quant_config,
