@@ -10,7 +10,10 @@ Every layout packs two E2M1 codes a byte, element 2i in the low nibble (sign bit
   float32 (1,) = 2688 / amax_t (compressed-tensors stores the reciprocal: a decoder forms
   e2m1 * (s_b / global_scale)); quantization_config quant_method "compressed-tensors",
   strategy "tensor_group", group_size 16, "ignore" the kept modules (compressed_tensors/
-  compressors/nvfp4/base.py and quantization/quant_scheme.py, NVFP4A16).
+  compressors/nvfp4/base.py and quantization/quant_scheme.py, NVFP4A16; the global scale as
+  quantization/utils/helpers.py generate_gparam writes it: 448 * 6 / amax, float32 (1,)).
+  compressed-tensors 0.20.1 decompresses it into bfloat16 whatever dtype the model loads in
+  (nvfp4/helpers.py unpack_fp4_from_uint8): its weights are lpjax's decode rounded to bf16.
 - mxfp4-ct: compressed-tensors' `mxfp4-pack-quantized` (MXFP4A16): `<name>.weight_packed` uint8
   (out, in/2) and `<name>.weight_scale` uint8 E8M0 (out, in/32), strategy "group", group_size 32
   (compressed_tensors/compressors/mxfp4/base.py, mx_utils.py): a public reader of dense MXFP4.
