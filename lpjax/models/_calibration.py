@@ -6,8 +6,10 @@ per-tensor scale, `<name>.input_scale` (float32 scalar) = amax / (6 * 448): the 
 layer saw while calibrating, over E2M1's largest value times E4M3's. vLLM's ModelOpt loader
 (vllm/model_executor/layers/quantization/modelopt.py, `ModelOptNvFp4Config` /
 `ModelOptNvFp4LinearMethod`) reads it beside `weight`, `weight_scale` and the scalar
-`weight_scale_2` when hf_quant_config.json says quant_algo "NVFP4" (its `input_scale` and
-`weight_scale_2` are multiplied into the GEMM's alpha; W4A16_NVFP4 has no `input_scale`).
+`weight_scale_2` when hf_quant_config.json says quant_algo "NVFP4": its
+`process_weights_after_loading` quantizes the input with the global scale 1 / input_scale and
+multiplies the GEMM by alpha = input_scale * weight_scale_2 (the same amax / 2688 convention as
+weight_scale_2; W4A16_NVFP4 has no `input_scale`).
 ModelOpt calibrates with the quantizers off (`max_calibrate`: the model's high-precision
 forward), and so does lpjax: the run's master weights, every GEMM in float32.
 

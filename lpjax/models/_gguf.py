@@ -2,9 +2,11 @@
 `--format gguf-mxfp4` (the linear weights the run's policy quantized in GGML's MXFP4 type).
 
 Why GGUF for MXFP4: no public loader reads MXFP4 `_blocks` / `_scales` safetensors for a dense
-LLaMA (transformers' quantizers/quantizer_mxfp4.py and integrations/mxfp4.py and vLLM's
-quantization/mxfp4.py convert only gpt-oss's expert modules, `gate_up_proj` / `down_proj` of
-`GptOssExperts`); compressed-tensors' `mxfp4-pack-quantized` (`--format mxfp4-ct`) and GGUF's
+LLaMA. transformers 4.57.6 (quantizers/quantizer_mxfp4.py, integrations/mxfp4.py) converts only
+gpt-oss's `GptOssExperts` into `Mxfp4GptOssExperts`; vLLM's quantization/mxfp4.py
+(`Mxfp4Config.get_quant_method`) gives a dense `LinearBase` the unquantized method ("MXFP4 linear
+layer is not implemented"; NotImplementedError in older releases), MXFP4 only for FusedMoE;
+compressed-tensors' `mxfp4-pack-quantized` (`--format mxfp4-ct`) and GGUF's
 MXFP4 type, which llama.cpp computes with on a CPU, are the public readers of dense MXFP4.
 
 The layout, as llama.cpp defines it (ggml/src/ggml-common.h `block_mxfp4`, ggml-quants.c
