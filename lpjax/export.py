@@ -94,6 +94,26 @@ def load_run(workdir: str):
   return cfg, state.params, policy, int(step), config
 
 
+def run_batches(config, n: int):
+  """The first `n` training batches' input tokens of the run of `config` (steps 0 .. n-1, the
+  batches its trainer read), as numpy arrays."""
+  import numpy as np  # noqa: PLC0415
+
+  from lpjax import data as lpdata  # noqa: PLC0415
+  from lpjax.train import config as cfg_lib  # noqa: PLC0415
+
+  d = config.data
+  dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
+                                tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
+                                cache_dir=d.cache_dir or None, text_key=d.text_key,
+                                tfds_reader=d.tfds_reader, seq_len=config.seq_len,
+                                encoding=d.encoding, encoding_errors=d.encoding_errors)
+  it = lpdata.batch_iterator(dataset, start_step=0, batch_size=config.batch_size,
+                             seq_len=config.seq_len, seed=config.seed, num_steps=n, prefetch=0,
+                             seq_len_at=lambda s: cfg_lib.seq_len_at(config, s))
+  return [np.asarray(batch["inputs"]) for _, batch in it]
+
+
 def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
            overwrite: bool = False, calibration_batches: int | None = None) -> dict:
   """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict
@@ -133,7 +153,7 @@ def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
         _gguf.save_gguf(out, cfg, params, fmt, **kw)
       else:
         if calibration_batches:
-          batches = _calibration.run_batches(config, calibration_batches)
+          batches = run_batches(config, calibration_batches)
           kw["input_scales"] = _calibration.input_scales(
               _calibration.input_amax(cfg, params, batches))
         hf_llama.save_pretrained(out, cfg, params, dtype=fmt, **kw)

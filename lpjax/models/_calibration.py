@@ -14,7 +14,8 @@ ModelOpt calibrates with the quantizers off (`max_calibrate`: the model's high-p
 forward), and so does lpjax: the run's master weights, every GEMM in float32.
 
 `input_amax` runs lpjax's LLaMA (its blocks unrolled) over the batches and records each linear
-layer's input |max| with a host callback; `input_scales` turns them into ModelOpt's tensors.
+layer's input |max| with a host callback; `input_scales` turns them into ModelOpt's tensors
+(the run's batches: lpjax/export.py, run_batches).
 """
 
 from __future__ import annotations
@@ -77,20 +78,3 @@ def input_scales(amax: dict[str, float]) -> dict[str, np.ndarray]:
   return {path: np.asarray(np.float32(a) / np.float32(E2M1_MAX * E4M3_MAX), np.float32)
           for path, a in amax.items()}
 
-
-def run_batches(config, n: int):
-  """The first `n` training batches' input tokens of the run of `config` (steps 0 .. n-1, the
-  batches its trainer read), as numpy arrays."""
-  from lpjax import data as lpdata  # noqa: PLC0415
-  from lpjax.train import config as cfg_lib  # noqa: PLC0415
-
-  d = config.data
-  dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
-                                tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
-                                cache_dir=d.cache_dir or None, text_key=d.text_key,
-                                tfds_reader=d.tfds_reader, seq_len=config.seq_len,
-                                encoding=d.encoding, encoding_errors=d.encoding_errors)
-  it = lpdata.batch_iterator(dataset, start_step=0, batch_size=config.batch_size,
-                             seq_len=config.seq_len, seed=config.seed, num_steps=n, prefetch=0,
-                             seq_len_at=lambda s: cfg_lib.seq_len_at(config, s))
-  return [np.asarray(batch["inputs"]) for _, batch in it]
