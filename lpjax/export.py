@@ -5,11 +5,14 @@ The run is read as the trainer reads it (lpjax.train): its config (<workdir>/con
 newest checkpoint (<workdir>/checkpoints) and the precision schedule's state saved with it, which
 give the policy the run's forward pass used at its last step. bf16 writes the master weights
 rounded to bf16; the FP4 formats (nvfp4-ct and mxfp4-ct: compressed-tensors' layouts, which
-transformers and vLLM load; nvfp4: NVIDIA ModelOpt's; mxfp4: gpt-oss's tensor names) pack the
-linear weights that policy quantizes exactly as its forward GEMMs quantized them
-(`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has the layouts), and keep embeddings, norms and the layers the policy kept in bf16. config.json keeps
-what the imported checkpoint said (max_position_embeddings, bos / eos, rope_scaling), and the
-tokenizer files go beside the weights (lpjax/_export_metadata.py).
+transformers and vLLM load; nvfp4: NVIDIA ModelOpt's, weight-only W4A16_NVFP4 or, with
+--calibration_batches=N, NVFP4 with calibrated input scales; mxfp4: gpt-oss's tensor names) pack
+the linear weights that policy quantizes exactly as its forward GEMMs quantized them
+(`lpjax.quant.export_weights`; lpjax/models/_hf_fp4_layouts.py has the layouts), and keep
+embeddings, norms and the layers the policy kept in bf16. gguf / gguf-mxfp4 write llama.cpp's
+GGUF (model.gguf: bf16, or GGML's MXFP4 type for those linear weights; lpjax/models/_gguf.py).
+config.json keeps what the imported checkpoint said (max_position_embeddings, bos / eos,
+rope_scaling), and the tokenizer files go beside the weights (lpjax/_export_metadata.py).
 
 A run whose forward weight quantizer packed values cannot reproduce (the `mxfp4` preset's random
 Hadamard transform, quartet's QuEST after a fixed Hadamard transform, nvfp4_4over6's scheme) is
@@ -21,6 +24,9 @@ Examples:
   python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_mxfp4 --format=mxfp4
   python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_rtn --format=mxfp4 \
       --allow_requantize
+  python -m lpjax.export --workdir=runs/tiny_nvfp4 --out=exported/tiny_nv --format=nvfp4 \
+      --calibration_batches=8
+  python -m lpjax.export --workdir=runs/tiny_mxfp4 --out=exported/tiny_gguf --format=gguf-mxfp4
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import os
 import sys
 import warnings
 
-FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4")
+FORMATS = ("bf16", "nvfp4-ct", "mxfp4-ct", "nvfp4", "mxfp4", "gguf", "gguf-mxfp4")
 
 
 class ExportError(RuntimeError):
@@ -88,18 +94,47 @@ def load_run(workdir: str):
   return cfg, state.params, policy, int(step), config
 
 
+def run_batches(config, n: int):
+  """The first `n` training batches' input tokens of the run of `config` (steps 0 .. n-1, the
+  batches its trainer read), as numpy arrays."""
+  import numpy as np  # noqa: PLC0415
+
+  from lpjax import data as lpdata  # noqa: PLC0415
+  from lpjax.train import config as cfg_lib  # noqa: PLC0415
+
+  d = config.data
+  dataset = lpdata.make_dataset(d.source, path=d.path, tfds_name=d.tfds_name,
+                                tokenizer=d.tokenizer, tfds_data_dir=d.tfds_data_dir or None,
+                                cache_dir=d.cache_dir or None, text_key=d.text_key,
+                                tfds_reader=d.tfds_reader, seq_len=config.seq_len,
+                                encoding=d.encoding, encoding_errors=d.encoding_errors)
+  it = lpdata.batch_iterator(dataset, start_step=0, batch_size=config.batch_size,
+                             seq_len=config.seq_len, seed=config.seed, num_steps=n, prefetch=0,
+                             seq_len_at=lambda s: cfg_lib.seq_len_at(config, s))
+  return [np.asarray(batch["inputs"]) for _, batch in it]
+
+
 def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
-           overwrite: bool = False) -> dict:
+           overwrite: bool = False, calibration_batches: int | None = None) -> dict:
   """Writes the run's newest checkpoint to `out` in format `fmt`; returns a summary dict
   ("requantized": the reasons, when `allow_requantize` packed other values than the forward's).
   A non-empty `out` is refused unless `overwrite`; then it is replaced whole (written beside it,
-  renamed into place)."""
+  renamed into place). `calibration_batches` (nvfp4 only): each linear's input amax over the run's
+  first N training batches as ModelOpt's `input_scale` (lpjax/models/_calibration.py)."""
   from lpjax._export_metadata import export_metadata  # noqa: PLC0415
-  from lpjax.models import hf_llama  # noqa: PLC0415
+  from lpjax.models import _calibration, _gguf, hf_llama  # noqa: PLC0415
 
   if fmt not in FORMATS:
     raise ExportError(f"--format={fmt!r}; valid: {', '.join(FORMATS)}.")
   from lpjax.train import ConfigError  # noqa: PLC0415
+
+  if calibration_batches is not None and (calibration_batches <= 0 or fmt != "nvfp4"):
+    raise ExportError(
+        f"--calibration_batches={calibration_batches}: " + (
+            "give a positive number of training batches to calibrate over (e.g. 8), or leave "
+            "it out for the weight-only W4A16_NVFP4." if calibration_batches <= 0 else
+            f"it calibrates ModelOpt's NVFP4 activations (--format=nvfp4); --format={fmt} is "
+            "weight-only: leave it out."))
 
   if os.path.isdir(out) and os.listdir(out) and not overwrite:
     raise ExportError(f"--out={out} is not empty; an export never writes beside other files: give "
@@ -112,9 +147,18 @@ def export(workdir: str, out: str, fmt: str, *, allow_requantize: bool = False,
   try:
     with warnings.catch_warnings():  # a requantization is reported in the summary (and by main)
       warnings.filterwarnings("ignore", "export_weights: ", UserWarning)
-      hf_llama.save_pretrained(out, cfg, params, dtype=fmt, policy=policy,
-                               requantize=allow_requantize, base_config=base,
-                               max_positions=max_positions, files=files, overwrite=overwrite)
+      kw = dict(policy=policy, requantize=allow_requantize, base_config=base,
+                max_positions=max_positions, files=files, overwrite=overwrite)
+      if fmt in _gguf.GGUF_FORMATS:
+        _gguf.save_gguf(out, cfg, params, fmt, **kw)
+      else:
+        if calibration_batches:
+          batches = run_batches(config, calibration_batches)
+          kw["input_scales"] = _calibration.input_scales(
+              _calibration.input_amax(cfg, params, batches))
+        hf_llama.save_pretrained(out, cfg, params, dtype=fmt, **kw)
+  except ImportError as error:  # --format gguf without the gguf package
+    raise ExportError(str(error)) from None
   except ValueError as error:
     raise ExportError(str(error).replace("requantize=True (python -m lpjax.export "
                                          "--allow_requantize)", "--allow_requantize")) from error
@@ -134,7 +178,8 @@ def main(argv=None) -> int:
   parser.add_argument("--format", default="bf16", choices=FORMATS,
                       help="bf16 weights, or the run's packed linear weights: nvfp4-ct / mxfp4-ct "
                       "(compressed-tensors' nvfp4- / mxfp4-pack-quantized: transformers, vLLM), "
-                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names)")
+                      "nvfp4 (NVIDIA ModelOpt, W4A16_NVFP4), mxfp4 (gpt-oss's tensor names), "
+                      "gguf / gguf-mxfp4 (llama.cpp: bf16, or GGML's MXFP4 linear weights)")
   parser.add_argument("--allow_requantize", action="store_true",
                       help="when the run's forward weight quantizer cannot be packed as it ran "
                       "(a Hadamard transform, QuEST, stochastic rounding), pack the "
@@ -142,10 +187,14 @@ def main(argv=None) -> int:
   parser.add_argument("--overwrite", action="store_true",
                       help="replace a non-empty --out directory (written beside it, then renamed "
                       "into place); without it a non-empty --out is refused")
+  parser.add_argument("--calibration_batches", type=int, default=None,
+                      help="--format=nvfp4 only: ModelOpt's NVFP4 with activations, each linear's "
+                      "input_scale = its input amax over the run's first N training batches / "
+                      "(6 * 448); without it, weight-only W4A16_NVFP4")
   args = parser.parse_args(argv)
   try:
     summary = export(args.workdir, args.out, args.format, allow_requantize=args.allow_requantize,
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, calibration_batches=args.calibration_batches)
   except ExportError as error:
     print(f"error: {error}", file=sys.stderr)
     return 1

@@ -94,7 +94,9 @@ def test_the_stack_follows_the_python(tmp_path, version, stack, venv, requiremen
   assert got == {"STACK": stack, "VENV": venv, "REQUIREMENTS": requirements,
                  "REQUIREMENTS_DEV": dev}
   stand_in = _venv(tmp_path / "v")
-  assert _installs("test", stand_in, version) == [requirements, "requirements-plot.txt", dev]
+  interop = ["requirements-interop.txt"] if stack == "pinned" else []  # CPU torch: Python 3.11
+  assert _installs("test", stand_in, version) == [requirements, "requirements-plot.txt", dev,
+                                                  *interop]
   assert f"-r {requirements}" in (ROOT / dev).read_text()
 
 
@@ -146,7 +148,7 @@ def _venv(tmp_path, stamps=(), age=0.0):
   (venv / "bin").mkdir(parents=True)
   newest = max(os.path.getmtime(ROOT / f) for f in
                ("requirements.txt", "requirements-dev.txt", "requirements-plot.txt",
-                "pyproject.toml"))
+                "requirements-interop.txt", "pyproject.toml"))
   for i, name in enumerate(("bin/python",) + tuple(stamps)):
     (venv / name).touch()
     os.utime(venv / name, (newest + age + i, newest + age + i))
@@ -161,16 +163,38 @@ def test_train_installs_only_the_runtime_requirements(tmp_path):
 def test_test_adds_the_test_extras_after_train(tmp_path):
   venv = _venv(tmp_path, stamps=(".installed",), age=10)
   assert _installs("train", venv) == []  # up to date for training
-  assert _installs("test", venv) == ["requirements-plot.txt", "requirements-dev.txt"]
+  assert _installs("test", venv) == ["requirements-plot.txt", "requirements-dev.txt",
+                                     "requirements-interop.txt"]
 
 
 def test_a_changed_requirements_file_reinstalls_every_stamp_above_it(tmp_path):
-  fresh = _venv(tmp_path / "a", stamps=(".installed", ".installed-plot", ".installed-dev"), age=10)
+  stamps = (".installed", ".installed-plot", ".installed-dev", ".installed-interop")
+  fresh = _venv(tmp_path / "a", stamps=stamps, age=10)
   assert _installs("test", fresh) == []
-  stale = _venv(tmp_path / "b", stamps=(".installed", ".installed-plot", ".installed-dev"),
-                age=-100)
+  stale = _venv(tmp_path / "b", stamps=stamps, age=-100)
   assert _installs("test", stale) == ["requirements.txt", "requirements-plot.txt",
-                                      "requirements-dev.txt"]
+                                      "requirements-dev.txt", "requirements-interop.txt"]
+
+
+def test_the_interop_extra_goes_into_the_test_venv_beside_the_pinned_stack(tmp_path):
+  """`make test` installs the interop extra into the same venv (no second jax): each package it
+  shares with requirements.txt is pinned alike, it pins no jax, and `make test-interop` runs the
+  client tests (files that exist)."""
+  def pins(name):
+    return dict(l.split("==") for l in (ROOT / name).read_text().splitlines()
+                if "==" in l and not l.startswith("#"))
+  interop, runtime = pins("requirements-interop.txt"), pins("requirements.txt")
+  assert {k: runtime[k] for k in interop.keys() & runtime.keys()} == {
+      k: interop[k] for k in interop.keys() & runtime.keys()}
+  assert not {"jax", "jaxlib", "numpy"} & interop.keys()
+  assert {"torch", "transformers", "compressed-tensors", "gguf"} <= interop.keys()
+  venv = _venv(tmp_path, stamps=(".installed", ".installed-plot", ".installed-dev"), age=10)
+  r = _make("-n", "test-interop", f"VENV={venv}", f"PY={_fake_python(tmp_path, '3.11')}")
+  assert r.returncode == 0, r.stderr
+  run = r.stdout.strip().splitlines()[-1]
+  assert run.startswith(f"{venv}/bin/python -m pytest tests/models/test_hf_clients.py")
+  for path in [w for w in run.split() if w.startswith("tests/")]:
+    assert (ROOT / path).exists(), path
 
 
 def test_the_runtime_requirements_hold_no_test_or_notebook_package():

@@ -106,6 +106,15 @@ def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
   refused unless `overwrite`, and then replaced.
   """
   st = _safetensors()
+  names = []
+  write_directory(path, lambda tmp: names.extend(
+      _write_into(st, tmp, config, tensors, max_shard_bytes, files)), overwrite=overwrite)
+  return names
+
+
+def write_directory(path: str, write, *, overwrite: bool = False) -> None:
+  """Calls `write(tmp)` on a hidden temporary sibling of `path`, then renames it into place: a
+  non-empty `path` is refused unless `overwrite`, and then replaced whole (never mixed)."""
   path = os.path.abspath(path)
   if os.path.exists(path) and not os.path.isdir(path):
     raise CheckpointError(f"{path} is a file; give a directory to write the checkpoint to.")
@@ -118,7 +127,7 @@ def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
   try:
-    names = _write_into(st, tmp, config, tensors, max_shard_bytes, files)
+    write(tmp)
     old = None
     if os.path.isdir(path) and os.listdir(path):
       old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.old-", dir=parent)
@@ -131,7 +140,6 @@ def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray],
   finally:
     if os.path.isdir(tmp):
       shutil.rmtree(tmp, ignore_errors=True)
-  return names
 
 
 def _write_into(st, path, config, tensors, max_shard_bytes, files) -> list[str]:

@@ -10,14 +10,19 @@ Every layout packs two E2M1 codes a byte, element 2i in the low nibble (sign bit
   float32 (1,) = 2688 / amax_t (compressed-tensors stores the reciprocal: a decoder forms
   e2m1 * (s_b / global_scale)); quantization_config quant_method "compressed-tensors",
   strategy "tensor_group", group_size 16, "ignore" the kept modules (compressed_tensors/
-  compressors/nvfp4/base.py and quantization/quant_scheme.py, NVFP4A16).
+  compressors/nvfp4/base.py and quantization/quant_scheme.py, NVFP4A16; the global scale as
+  quantization/utils/helpers.py generate_gparam writes it: 448 * 6 / amax, float32 (1,)).
+  compressed-tensors 0.20.1 decompresses it into bfloat16 whatever dtype the model loads in
+  (nvfp4/helpers.py unpack_fp4_from_uint8): its weights are lpjax's decode rounded to bf16.
 - mxfp4-ct: compressed-tensors' `mxfp4-pack-quantized` (MXFP4A16): `<name>.weight_packed` uint8
   (out, in/2) and `<name>.weight_scale` uint8 E8M0 (out, in/32), strategy "group", group_size 32
   (compressed_tensors/compressors/mxfp4/base.py, mx_utils.py): a public reader of dense MXFP4.
 - nvfp4: NVIDIA ModelOpt's layout: `<name>.weight` uint8 (out, in/2), `<name>.weight_scale`
   float8_e4m3fn (out, in/16) and `<name>.weight_scale_2` float32 scalar () = amax_t / 2688;
   quant_algo "W4A16_NVFP4" (weight-only: no `input_scale`; vLLM's modelopt loader,
-  ModelOptNvFp4Config), hf_quant_config.json with `quantization.exclude_modules`, and config.json's
+  ModelOptNvFp4Config), or with `--calibration_batches=N` quant_algo "NVFP4" and each linear's
+  `<name>.input_scale` float32 scalar () = activation amax / (6 * 448) (lpjax/models/
+  _calibration.py), hf_quant_config.json with `quantization.exclude_modules`, and config.json's
   quantization_config with quant_method "modelopt" and the same list as "ignore".
 - mxfp4: gpt-oss's naming, `<name>.weight_blocks` uint8 (out, in/32, 16) and
   `<name>.weight_scales` uint8 E8M0 (out, in/32); quant_method "mxfp4". Stock loaders convert
@@ -89,6 +94,7 @@ FORMATS = {  # layout -> (what the format must be, packer)
     "mxfp4-ct": (_IS_MXFP4, _pack_mxfp4_ct),
 }
 NVFP4_WEIGHT_ONLY = "W4A16_NVFP4"  # ModelOpt's algorithm name of weight-only NVFP4
+NVFP4_ACTIVATIONS = "NVFP4"  # ... of NVFP4 weights and activations (a calibrated input_scale)
 
 
 def _compressed_tensors(fmt: str, kept: list[str]) -> dict:
@@ -114,15 +120,18 @@ def hf_quant_config(config: dict) -> dict | None:
                            "kv_cache_quant_algo": None, "exclude_modules": qc["ignore"]}}
 
 
-def quantization_config(layout: str, kept: list[str], requantized: list[str] = ()) -> dict:
+def quantization_config(layout: str, kept: list[str], requantized: list[str] = (),
+                        activations: bool = False) -> dict:
   """The `quantization_config` of config.json for `layout`, `kept`: the modules left in bf16;
   `requantized`: why packed weights are not the training forward's values (see
   `lpjax.models.hf_llama.export_tensors`), recorded under "lpjax_requantized" (absent when the
-  packed values are the forward's)."""
+  packed values are the forward's); `activations`: nvfp4 with calibrated `input_scale`s
+  (ModelOpt's "NVFP4") instead of weight-only "W4A16_NVFP4"."""
   if layout == "mxfp4":
     config = {"quant_method": "mxfp4", "modules_to_not_convert": kept}
   elif layout == "nvfp4":
-    config = {"quant_method": "modelopt", "quant_algo": NVFP4_WEIGHT_ONLY, "group_size": 16,
+    algo = NVFP4_ACTIVATIONS if activations else NVFP4_WEIGHT_ONLY
+    config = {"quant_method": "modelopt", "quant_algo": algo, "group_size": 16,
               "ignore": kept, "kv_cache_quant_algo": None}
   else:
     config = _compressed_tensors(layout.replace("-ct", "-pack-quantized"), kept)

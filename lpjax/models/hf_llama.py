@@ -43,7 +43,7 @@ import numpy as np
 
 from lpjax import quant
 from lpjax.models._hf_checkpoint_files import (  # noqa: F401 (re-exported)
-    CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint)
+    CONFIG, INDEX, SINGLE, CheckpointError, read_tensors, write_checkpoint, write_directory)
 from lpjax.models._hf_config import (  # noqa: F401 (re-exported)
     HFLayout, hf_config, layout_of, llama_config_from_hf)
 from lpjax.models._hf_fp4_layouts import (FORMATS, QUANT_LAYOUTS, hf_quant_config,
@@ -187,8 +187,8 @@ def _packed(params, policy: QuantPolicy, layout: str, dtype, requantize: bool) -
 
 def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
                    policy: QuantPolicy | None = None, requantize: bool = False,
-                   base_config: dict | None = None,
-                   max_positions: int | None = None) -> tuple[dict, dict]:
+                   base_config: dict | None = None, max_positions: int | None = None,
+                   input_scales: dict | None = None) -> tuple[dict, dict]:
   """(config.json dict, {name: numpy tensor}) of lpjax LLaMA `params` in the Hugging Face layout.
 
   layout: "bf16" / "float32" (every weight in that dtype), or "mxfp4" / "nvfp4": the linear
@@ -198,8 +198,14 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
   preset's random Hadamard transform, quartet's QuEST) is refused unless `requantize`: then the
   round-to-nearest-even of the trained weights is packed, with a warning, and config.json's
   quantization_config records it under "lpjax_requantized". `base_config` / `max_positions`:
-  the config.json keys kept from the imported checkpoint (`hf_config`).
+  the config.json keys kept from the imported checkpoint (`hf_config`). `input_scales`
+  ({lpjax layer path: float32 scalar}, layout "nvfp4" only: lpjax/models/_calibration.py) adds
+  each packed linear's calibrated `input_scale`: ModelOpt's "NVFP4" (weights and activations)
+  instead of the weight-only "W4A16_NVFP4".
   """
+  if input_scales is not None and layout != "nvfp4":
+    raise ValueError(f"input_scales (--calibration_batches) are ModelOpt NVFP4's; layout={layout!r} "
+                     "is weight-only: export --format=nvfp4, or leave them out.")
   flat = _flat_params(params)
   dtype = np.float32 if layout == "float32" else ml_dtypes.bfloat16
   config = hf_config(cfg, "float32" if layout == "float32" else "bfloat16", base_config,
@@ -221,6 +227,9 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     if name in packed:
       for suffix, t in FORMATS[layout][1](packed[name]).items():
         tensors[hf[:-len("weight")] + suffix] = t
+      if input_scales is not None:
+        tensors[hf[:-len("weight")] + "input_scale"] = np.asarray(
+            input_scales[name[:-len("/kernel")]], np.float32).reshape(())
       continue
     if layout in QUANT_LAYOUTS and name.endswith("kernel"):
       kept.append(hf[:-len(".weight")])
@@ -229,7 +238,8 @@ def export_tensors(cfg: LlamaConfig, params, *, layout: str = "bf16",
     if cfg.tie_embeddings:  # the client's lm_head module (tied to the embedding) stays unquantized
       kept.append("lm_head")
     config["quantization_config"] = quantization_config(
-        layout, sorted(kept), [w.requantized for w in packed.values() if w.requantized])
+        layout, sorted(kept), [w.requantized for w in packed.values() if w.requantized],
+        activations=input_scales is not None)
   return config, tensors
 
 
@@ -237,7 +247,7 @@ def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat
                     policy: QuantPolicy | None = None, max_shard_bytes: int | None = None,
                     requantize: bool = False, base_config: dict | None = None,
                     max_positions: int | None = None, files: dict | None = None,
-                    overwrite: bool = False):
+                    overwrite: bool = False, input_scales: dict | None = None):
   """Writes `params` as a Hugging Face LLaMA checkpoint directory (`dtype`: "bfloat16",
   "float32", "mxfp4" or "nvfp4"; `requantize`, `base_config`, `max_positions`: see
   `export_tensors`; `files`: {file name: bytes} written beside the weights, e.g. the tokenizer's;
@@ -245,7 +255,7 @@ def save_pretrained(path: str, cfg: LlamaConfig, params, *, dtype: str = "bfloat
   layout = {"bfloat16": "bf16"}.get(dtype, dtype)
   config, tensors = export_tensors(cfg, params, layout=layout, policy=policy,
                                    requantize=requantize, base_config=base_config,
-                                   max_positions=max_positions)
+                                   max_positions=max_positions, input_scales=input_scales)
   modelopt = hf_quant_config(config)
   if modelopt is not None:
     files = {**(files or {}), "hf_quant_config.json": json.dumps(modelopt, indent=2)}
