@@ -202,15 +202,21 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
       byte = jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32))
     result.scales = byte
   elif fmt.scale == "ue4m3":
+    tensor_bad = False
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
     elif fmt.tensor_scale:  # a given amax_t of NaN / Inf: every block is NaN (docs/numerics.md §5)
-      bad = bad | (tensor_amax_bits >= U32(fb.INF_BITS))
+      tensor_bad = tensor_amax_bits >= U32(fb.INF_BITS)
+      bad = bad | tensor_bad
     if fast_path:
       s_enc = fast_scales.encode_scale(tensor_amax_bits, fmt.tensor_scale)
-      s_b = lambda: fast_scales.block_scale_bytes(amax, s_enc, tensor_amax_bits)
-      rows, byte = ft.ue4m3_rows(s_enc, tensor_amax_bits, fmt.tensor_scale,
-                                 lambda: jnp.where(bad, U32(sc.UE4M3_NAN), s_b()))
+
+      def scale_bytes():  # from amax alone, so that the conditional's operands are no larger
+        group_bad = (amax >= U32(fb.INF_BITS)) | tensor_bad
+        s_b = fast_scales.block_scale_bytes(amax, s_enc, tensor_amax_bits)
+        return jnp.where(group_bad, U32(sc.UE4M3_NAN), s_b)
+
+      rows, byte = ft.ue4m3_rows(s_enc, tensor_amax_bits, fmt.tensor_scale, scale_bytes)
       if not fmt.tensor_scale:
         (byte,) = materialize((byte,), opaque_zero)
       codes, result.values = _fast_elements(x_bits, abs_bits, ft.look_up(rows, byte), element,
