@@ -9,4 +9,5 @@ Modules, and what they offer to the rest of lpjax:
 - `scales_fast`: the same scales, same bits, in float32.
 - `fast_elements`: the per-element routines of the fast path (float32, bit-identical to the
   integer ones) and `reference_arithmetic`.
+- `factor_tables`: the fast path's per-group factors for each scale byte, gathered per group.
 """

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lpjax.quant.codec import factor_tables as ft
 from lpjax.quant.codec import fast_elements as fast
 from lpjax.quant.codec import scales_fast as fast_scales
 from lpjax.quant.formats import specs as formats
@@ -50,28 +51,39 @@ def _bad_group_masks(bad):
   return (jnp.where(bad, U32(0), U32(0xFFFFFFFF)), jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0)))
 
 
-def _fast_elements(x_bits, abs_bits, s_bits, m_bits, bad, element, rounding, random_bits,
-                   opaque_zero, want_values, power_of_two=False):
+def _fast_elements(x_bits, abs_bits, rows, element, rounding, random_bits, want_values,
+                   power_of_two=False):
   """The fast element path (`fast_elements`): (codes, dequantized value bits or None).
 
-  Bad groups (NaN / Inf) are masked with per-group AND / OR masks rather than a per-element
-  select, which LLVM turns into a branch that stops XLA:CPU's loop from vectorizing.
+  `rows`: each group's factors and NaN masks (`factor_tables.look_up`). Bad groups (NaN / Inf) are
+  masked with per-group AND / OR masks rather than a per-element select, which LLVM turns into a
+  branch that stops XLA:CPU's loop from vectorizing.
   """
   negative = (x_bits >> 31) != 0
-  s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + _bad_group_masks(bad),
-                                    opaque_zero)
+  s, s_sub = (ft.column(rows, j, jnp.float32) for j in (ft.S, ft.S_SUB))
+  keep, nan = ft.column(rows, ft.KEEP), ft.column(rows, ft.NAN)
   v = fast.scaled_magnitude(abs_bits, s, s_sub)
   mag, value = fast.round_magnitude(v, element, rounding, negative=negative,
                                     random_bits=random_bits, nonzero=abs_bits != 0)
   codes = _with_sign(mag, negative, element) & keep
   if not want_values:
     return codes, None
-  m_c, shifted = materialize(fast.decode_factors(m_bits), opaque_zero)
+  m_c, shifted = ft.column(rows, ft.M_C, jnp.float32), ft.column(rows, ft.SHIFTED) != 0
   out = fast.apply_multiplier(value, m_c, shifted, power_of_two=power_of_two,
                               wide=fast.is_wide(element))
   out = out | (x_bits & U32(fb.SIGN_MASK))
   out = (out & keep) | nan
   return codes, out if power_of_two else fast.canonical_nan(out)  # 2**k * value is never NaN
+
+
+def _group_rows(s_bits, m_bits, bad, opaque_zero):
+  """`factor_tables` rows computed per group (fp32 scales, whose factors are not a function of a
+  byte): each column materialized once per group."""
+  s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + _bad_group_masks(bad),
+                                    opaque_zero)
+  m_c, shifted = materialize(fast.decode_factors(m_bits), opaque_zero)
+  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shifted.astype(U32), keep,
+                    nan], axis=-1)
 
 
 def _with_sign(mag, negative, element):
@@ -139,10 +151,12 @@ def _finite_tensor_amax(x_bits, block_amax):
   """max |x| over the finite values: the max of the block amaxes, unless some block holds a NaN or
   Inf; only then is x read again (a full reduction that skips non-finite values)."""
   # The operand is x as float32 (the bitcasts cancel): a uint32 operand would be a full-size copy.
+  # The max of the block amaxes is taken once: the condition and the usual result.
+  block_max = jnp.max(block_amax)
   return jax.lax.cond(
-      jnp.max(block_amax) >= U32(fb.INF_BITS),
+      block_max >= U32(fb.INF_BITS),
       lambda x, _: sc.finite_tensor_amax_bits(fb.to_bits(x) & U32(fb.ABS_MASK)),
-      lambda _, a: jnp.max(a), fb.from_bits(x_bits), block_amax)
+      lambda _, m: m, fb.from_bits(x_bits), block_max)
 
 
 def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
@@ -157,7 +171,8 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   abs_bits = x_bits & U32(fb.ABS_MASK)
   amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
   opaque_zero = _opaque_zero(amax)  # 0 at run time: abs bits are < 2**31
-  (amax,) = materialize((amax,), opaque_zero)
+  if not (fast_path and fmt.scale == "e8m0"):  # there, the scale byte is materialized instead
+    (amax,) = materialize((amax,), opaque_zero)
   bad = amax >= U32(fb.INF_BITS)  # NaN or Inf in the group: the whole group is NaN
   negative = (x_bits >> 31) != 0
   result = Encoded(codes=None, scales=None)
@@ -168,36 +183,50 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
         k = fast_scales.rceil_exponent(amax, element)
       else:
         k = sc.e8m0_exponent(amax, element, scale_mode)
-      (k,) = materialize((k,), opaque_zero)
+      if not fast_path:  # the fast path materializes the scale byte below
+        (k,) = materialize((k,), opaque_zero)
     else:  # a fixed power-of-two scale: the amax only flags NaN / Inf (QuantFormat)
       k = jnp.full(amax.shape, fmt.fixed_scale_exponent, jnp.int32)
     k = k.astype(jnp.int32)
     if fast_path:
+      (byte,) = materialize((jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32)),),
+                            opaque_zero)
       codes, result.values = _fast_elements(
-          x_bits, abs_bits, fast.pow2_bits(-k), fast.pow2_bits(k), bad, element, rounding,
-          random_bits, opaque_zero, want_values, power_of_two=True)
+          x_bits, abs_bits, ft.look_up(ft.e8m0_rows(), byte), element, rounding, random_bits,
+          want_values, power_of_two=True)
     else:
       _, sig, exp = fb.split(x_bits)
       mag = fb.round_to_grid(sig, exp - k, fb.Grid.for_element(element), rounding,
                              negative=negative, random_bits=random_bits)
       codes = _with_sign(mag, negative, element)
-    result.scales = jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32))
+      byte = jnp.where(bad, U32(sc.E8M0_NAN), (k + 127).astype(U32))
+    result.scales = byte
   elif fmt.scale == "ue4m3":
+    tensor_bad = False
     if fmt.tensor_scale and tensor_amax_bits is None:
       tensor_amax_bits = _finite_tensor_amax(x_bits, amax)
     elif fmt.tensor_scale:  # a given amax_t of NaN / Inf: every block is NaN (docs/numerics.md §5)
-      bad = bad | (tensor_amax_bits >= U32(fb.INF_BITS))
+      tensor_bad = tensor_amax_bits >= U32(fb.INF_BITS)
+      bad = bad | tensor_bad
     if fast_path:
       s_enc = fast_scales.encode_scale(tensor_amax_bits, fmt.tensor_scale)
-      s_b, s_enc_b, m_bits = fast_scales.block_scales(amax, s_enc, tensor_amax_bits,
-                                                      fmt.tensor_scale)
-      codes, result.values = _fast_elements(x_bits, abs_bits, s_enc_b, m_bits, bad, element,
-                                            rounding, random_bits, opaque_zero, want_values)
+
+      def scale_bytes():  # from amax alone, so that the conditional's operands are no larger
+        group_bad = (amax >= U32(fb.INF_BITS)) | tensor_bad
+        s_b = fast_scales.block_scale_bytes(amax, s_enc, tensor_amax_bits)
+        return jnp.where(group_bad, U32(sc.UE4M3_NAN), s_b)
+
+      rows, byte = ft.ue4m3_rows(s_enc, tensor_amax_bits, fmt.tensor_scale, scale_bytes)
+      if not fmt.tensor_scale:
+        (byte,) = materialize((byte,), opaque_zero)
+      codes, result.values = _fast_elements(x_bits, abs_bits, ft.look_up(rows, byte), element,
+                                            rounding, random_bits, want_values)
     else:
       s_enc = sc.nvfp4_encode_scale(tensor_amax_bits, fmt.tensor_scale)
       s_b, s_enc_b = materialize(sc.nvfp4_block_scales(amax, s_enc), opaque_zero)
       codes = _scaled_codes(x_bits, s_enc_b, element, rounding, random_bits, opaque_zero)
-    result.scales = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
+      byte = jnp.where(bad, U32(sc.UE4M3_NAN), s_b)
+    result.scales = byte
     result.tensor_amax_bits = tensor_amax_bits if fmt.tensor_scale else None
   elif element.kind == "uint":
     codes, scale_bits, lo = _encode_uint4(x_bits, reduce_axes, rounding, random_bits)
@@ -210,8 +239,9 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     if element.kind == "lut":
       codes = _nf4_codes(x_bits, enc)
     elif fast_path:
-      codes, result.values = _fast_elements(x_bits, abs_bits, enc, scale, bad, element, rounding,
-                                            random_bits, opaque_zero, want_values)
+      rows = _group_rows(enc, scale, bad, opaque_zero)
+      codes, result.values = _fast_elements(x_bits, abs_bits, rows, element, rounding,
+                                            random_bits, want_values)
     else:
       codes = _scaled_codes(x_bits, enc, element, rounding, random_bits, opaque_zero)
     result.scales = jnp.where(bad, U32(sc.F32_NAN_BITS), scale)

@@ -31,10 +31,11 @@ can make the intermediate products subnormal. Here:
     (exact: every intermediate is normal), so it never overflows.
   Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) take the exact
   routines for the tail (`lax.cond`, per tensor). Once S_enc and amax_t are fixed, the tail
-  depends on a block only through its byte s_b, so that branch computes it for all 256 bytes
-  (`_tail_tables`) and each block looks its byte up: 256 entries of work per tensor whatever its
-  size, and, jitted on scalars, traced once per process instead of once per quantizer (tracing
-  the tail per quantizer was a third of an NVFP4 LLaMA step's lowering time).
+  depends on a block only through its byte s_b, so both are computed for all 256 bytes (the exact
+  one by `_tail_tables`, jitted on scalars, traced once per process instead of once per quantizer:
+  tracing the tail per quantizer was a third of an NVFP4 LLaMA step's lowering time) and each
+  block looks its byte up (`factor_tables.ue4m3_rows`): 256 entries of work per tensor whatever
+  its size.
 
 rceil. k = E(fl32(amax * c)) + (1 if that product is not a power of two), c = fl32(1 / max), i.e.
 k = ceil(log2(r)) of the correctly rounded (gradual-underflow) product r, clamped to [-127, 127].
@@ -180,40 +181,26 @@ def _scalar(bits):
   return jnp.reshape(bits, ()).astype(U32)
 
 
-def _table_tail(s_b, s_enc_bits, amax_t_bits):
-  """The exact tail per block, looked up from the tensor's `_tail_tables`."""
-  enc_table, m_table = _tail_tables(_scalar(s_enc_bits), _scalar(amax_t_bits))
-  return _look_up(enc_table, s_b), _look_up(m_table, s_b)
-
-
 def _table_multiplier(s_b, amax_t_bits):
   """The exact decode multiplier per block, looked up from the tensor's `_decode_table`."""
   return _look_up(_decode_table(_scalar(amax_t_bits)), s_b)
 
 
-def block_scales(amax_block_bits, s_enc_bits, amax_t_bits, use_tensor_scale: bool):
-  """(s_b bytes, S_enc_b bits, decode multiplier bits) per block, as `scales_exact` computes them.
-
-  s_enc_bits: from `encode_scale`. p and s_b are float32 for every tensor (c is always normal);
-  t, S_enc_b and the multiplier are float32 when `in_range(amax_t)`, and otherwise looked up per
-  block from the tensor's exact tail tables (a `lax.cond`).
-  """
-  if amax_t_bits is None:
-    amax_t_bits = U32(0)
+def _block_scale(amax_block_bits, s_enc_bits, amax_t_bits):
+  """(s_b byte, its float32 value) per block: p = fl32(amax_b * c), rounded to e4m3."""
   # c = fl32(S_enc * fl32(1/6)): a product of normal numbers with a normal result. S_enc comes out
   # of `materialize`, so XLA cannot rewrite (2688 / amax_t) * C into one rounding.
   c = fb.to_bits(fb.from_bits(s_enc_bits) * jnp.float32(1.0 / 6.0))
   (c,) = materialize((c,), opaque_zero(amax_t_bits))
   p = fast.scaled_magnitude(amax_block_bits, *fast.encode_factors(c))
-  s_b, s_b_val = fast.round_magnitude(p, _E4M3, "nearest_even", negative=None)
-  if not use_tensor_scale:  # S_enc = 1: always in range
-    return (s_b,) + _float_tail(s_b_val, s_enc_bits, amax_t_bits, False)
-  s_enc_b, m_bits = jax.lax.cond(
-      in_range(amax_t_bits),
-      lambda s_b, s_b_val, s, a: _float_tail(s_b_val, s, a, True),
-      lambda s_b, s_b_val, s, a: _table_tail(s_b, s, a),
-      s_b, s_b_val, s_enc_bits, amax_t_bits)
-  return s_b, s_enc_b, m_bits
+  return fast.round_magnitude(p, _E4M3, "nearest_even", negative=None)
+
+
+def block_scale_bytes(amax_block_bits, s_enc_bits, amax_t_bits):
+  """The s_b byte per block (p and s_b in float32 for every tensor, module docstring); the tail
+  (S_enc_b, the multiplier) is a function of the byte, tabulated per tensor by
+  `factor_tables.ue4m3_rows`."""
+  return _block_scale(amax_block_bits, s_enc_bits, U32(0) if amax_t_bits is None else amax_t_bits)[0]
 
 
 def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):

@@ -1,0 +1,108 @@
+"""The fast path's per-group factors, looked up by scale byte: one gather per quantizer.
+
+Once a group's scale byte is known (e8m0: k + 127; ue4m3: s_b; 0xFF / 0x7F for a group holding a
+NaN or Inf), everything the element pass needs from the group is a function of that byte and of
+per-tensor values: the encode factors (s, s_sub), the decode factors (m_c, shifted) and the NaN
+masks (keep, nan) of `fast_elements` / `group_codec._fast_elements`. So they are computed once
+per tensor for all 256 bytes (a table of `COLUMNS` words per byte) and each group gathers its row.
+
+The gather is the only per-group pass between the amax reduction and the element pass: it takes the
+place of the chain of per-group arrays (amax, s_b, S_enc_b, the multiplier, each factor) that
+`materialize` kept out of the element loop, with its conditional and one pass over the groups for
+each of them. A gather is never duplicated into its consumers by XLA's fusion (it is "expensive"),
+so it needs no `materialize` either. The rows are the same functions (`encode_factors`,
+`decode_factors`, the NVFP4 tail of `scales_fast`) applied to the bytes, so the bits are those of
+the per-group computation they replace.
+
+Examples:
+  >>> import jax.numpy as jnp
+  >>> rows = e8m0_rows()                                   # k = byte - 127
+  >>> rows.shape, hex(int(rows[127 + 2, S])), hex(int(rows[127 - 2, M_C]))  # 2**-2, 2**-2
+  ((256, 6), '0x3e800000', '0x3e800000')
+  >>> int(rows[255, KEEP]), hex(int(rows[255, NAN]))       # the NaN byte masks the group
+  (0, '0x7fc00000')
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lpjax.quant.codec import fast_elements as fast
+from lpjax.quant.codec import scales_exact as sc
+from lpjax.quant.codec import scales_fast as fast_scales
+from lpjax.quant.numerics import fp32_bits as fb
+from lpjax.quant.numerics.materialize import opaque_zero
+
+U32 = jnp.uint32
+
+# Columns of a row (uint32 words): encode factors, decode factors, NaN-group masks.
+S, S_SUB, M_C, SHIFTED, KEEP, NAN = range(6)
+COLUMNS = 6
+_BYTES = 256
+
+
+def _rows(s_bits, m_bits, bad):
+  """(256, COLUMNS) uint32 rows from per-byte encode / decode multiplier bits and NaN flags."""
+  s, s_sub = fast.encode_factors(s_bits)
+  m_c, shifted = fast.decode_factors(m_bits)
+  keep = jnp.where(bad, U32(0), U32(0xFFFFFFFF))
+  nan = jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))
+  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shifted.astype(U32), keep,
+                    nan], axis=-1)
+
+
+def e8m0_rows():
+  """Rows of every e8m0 byte (k = byte - 127; 0xFF is the NaN group), a compile-time constant."""
+  with jax.ensure_compile_time_eval():
+    byte = jnp.arange(_BYTES, dtype=jnp.int32)
+    k = jnp.minimum(byte, 254) - 127
+    return _rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN)
+
+
+def ue4m3_rows(s_enc_bits, amax_t_bits, use_tensor_scale: bool, scale_bytes=None):
+  """Rows of every ue4m3 byte s_b for this tensor (0x7F is the NaN group): S_enc_b and the decode
+  multiplier of a block with that byte (`scales_fast`, module docstring).
+
+  With a tensor scale they come out of a `lax.cond` (the float tail where it is exact, else the
+  exact tail's tables), whose results XLA keeps as buffers: a gather's operands would otherwise be
+  fused into the gather and recomputed for every word it reads. `scale_bytes` (a function of no
+  arguments giving the per-group bytes) is evaluated in both branches for that reason, and
+  returned as the second result. Without a tensor scale (S_enc = 1) the rows are a compile-time
+  constant.
+  """
+  if not use_tensor_scale:
+    with jax.ensure_compile_time_eval():
+      byte = jnp.arange(_BYTES, dtype=U32)
+      s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
+      one = U32(sc.f32_const_bits(1.0))
+      rows = _rows(*fast_scales._float_tail(s_b_val, one, U32(0), False), byte == sc.UE4M3_NAN)
+    return rows, None if scale_bytes is None else scale_bytes()
+  amax_t_bits = jnp.reshape(amax_t_bits, ()).astype(U32)
+  s_enc_bits = jnp.reshape(s_enc_bits, ()).astype(U32)
+  per_group = (lambda: scale_bytes()) if scale_bytes is not None else (lambda: None)
+
+  def float_rows(s, a):
+    byte = jnp.arange(_BYTES, dtype=U32) + opaque_zero(a)  # opaque: XLA cannot fold it
+    s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
+    return (_rows(*fast_scales._float_tail(s_b_val, s, a, True), byte == sc.UE4M3_NAN),
+            per_group())
+
+  def exact_rows(s, a):
+    byte = jnp.arange(_BYTES, dtype=U32)
+    return _rows(*fast_scales._tail_tables(s, a), byte == sc.UE4M3_NAN), per_group()
+
+  return jax.lax.cond(fast_scales.in_range(amax_t_bits), float_rows, exact_rows, s_enc_bits,
+                      amax_t_bits)
+
+
+def look_up(rows, scale_byte):
+  """Each group's row: (..., COLUMNS) for per-group scale bytes (keepdims shape)."""
+  index = (scale_byte.astype(U32) & U32(_BYTES - 1)).astype(jnp.int32)
+  return rows.at[index].get(mode="promise_in_bounds")
+
+
+def column(looked_up, j, dtype=U32):
+  """Column j of the looked-up rows, per group (keepdims), as uint32 or float32 bits."""
+  word = looked_up[..., j]
+  return fb.from_bits(word) if dtype == jnp.float32 else word
