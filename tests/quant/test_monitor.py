@@ -10,14 +10,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from monitor_mlp import D, mlp_batch, mlp_loss, mlp_params
+
 from lpjax import quant
 from lpjax.quant.gemm.dot_general import quantizer_inputs
 from lpjax.quant.gemm.operand import quantize_view
 from lpjax.quant.monitor.operand_numerics import STATS, operand_numerics
 from lpjax.quant.recipes.gemm_recipe import OperandQuant
-
-D = 64
-OUTLIER_CHANNELS = (3, 17, 40)
 
 
 # -- independent numpy statistics --------------------------------------------------------------
@@ -93,42 +92,11 @@ def _single_gemm_loss(params, batch):
   return jnp.sum((x @ params["w"]["kernel"]) * c)  # dY = c exactly
 
 
-def _mlp_params(key, outlier: bool):
-  ks = jax.random.split(key, 4)
-  p = {f"l{i}": {"kernel": jax.random.normal(ks[i], (D, D)) / np.sqrt(D)} for i in range(4)}
-  if outlier:  # massive activations in a few channels of l2's input, small weights there
-    p["l2"]["kernel"] = p["l2"]["kernel"] / _outlier_scale()[:, None]
-  return p
-
-
-def _outlier_scale():
-  s = np.ones(D, np.float32)
-  s[list(OUTLIER_CHANNELS)] = 1000.0
-  return s
-
-
-def _mlp_loss(params, batch, outlier=True):
-  x, y = batch
-  h = x
-  for i in range(4):
-    if i == 2 and outlier:
-      h = h * _outlier_scale()
-    h = h @ params[f"l{i}"]["kernel"]
-    if i < 3:
-      h = jnp.tanh(h)
-  return jnp.mean((h - y) ** 2)
-
-
-def _batch(seed=1, n=64):
-  kx, ky = jax.random.split(jax.random.key(seed))
-  return jax.random.normal(kx, (n, D)), jax.random.normal(ky, (n, D))
-
-
 @pytest.fixture(scope="module")
 def outlier_run():
-  params = _mlp_params(jax.random.key(0), outlier=True)
-  batch = _batch()
-  target = quant.quantized(_mlp_loss, "mxfp4")
+  params = mlp_params(jax.random.key(0), outlier=True)
+  batch = mlp_batch()
+  target = quant.quantized(mlp_loss, "mxfp4")
   t = quant.site_stats(target, params, batch, quant_key=jax.random.key(3), loss_delta=True)
   return target, params, batch, t
 
@@ -185,9 +153,9 @@ def test_operand_statistics_and_clamped_scales_against_numpy(fmt):
 
 
 def test_a_kept_site_reports_no_error_and_exact_operands_report_none():
-  params = _mlp_params(jax.random.key(0), outlier=False)
+  params = mlp_params(jax.random.key(0), outlier=False)
   policy = quant.QuantPolicy(recipe="mxfp4_naive", rules=((r"^l1$", "bf16"),))
-  t = quant.site_stats(lambda p, b: _mlp_loss(p, b, outlier=False), params, _batch(),
+  t = quant.site_stats(lambda p, b: mlp_loss(p, b, outlier=False), params, mlp_batch(),
                        policy=policy)
   assert {r["path"] for r in t.rows} == {"l0", "l2", "l3"}  # l1 ran bf16: nothing quantized
   assert all(r["snr_db"] < 25 for r in t.rows)  # the quantized sites do report their error
@@ -304,71 +272,3 @@ def test_a_quantize_model_linen_model_through_its_loss():
       assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     assert np.abs(a - b).max() <= ulps * np.finfo(np.float32).eps * np.abs(a).max()
-
-
-def test_lpjax_llama_scanned_blocks_one_row_per_block_and_the_same_bits():
-  from lpjax.models import llama
-  cfg = llama.LlamaConfig(vocab_size=64, hidden=64, intermediate=128, heads=2, layers=2,
-                          max_seq_len=8)
-  policy = quant.QuantPolicy(recipe="mxfp4_naive")
-  graphdef, _ = llama.abstract_model(cfg, policy)
-  params = llama.init_params(cfg, jax.random.key(0), policy)
-  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 64)
-
-  def loss(params, tokens):
-    logits = llama.apply(graphdef, cfg, params, tokens, policy, None)
-    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
-
-  t = quant.site_stats(loss, params, tokens)
-  layers = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj", "mlp/gate_proj",
-            "mlp/up_proj", "mlp/down_proj")  # the embedding, head and attention products: bf16
-  assert {(r["path"], r["block"]) for r in t.rows} == {
-      (f"layers/{name}", b) for name in layers for b in (0, 1)}
-  assert len(t.rows) == 7 * 2 * 6
-  assert all(10 < r["snr_db"] < 25 for r in t.rows)
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss))(params, tokens)
-  assert np.asarray(ref_loss).tobytes() == np.asarray(t.loss).tobytes()
-  for a, b in zip(jax.tree.leaves(ref_grads), jax.tree.leaves(t.grads)):
-    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-
-
-# -- the advisor ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def advice():
-  params = _mlp_params(jax.random.key(0), outlier=True)
-  batches = [_batch(seed) for seed in (11, 12)]
-  return params, quant.advise(_mlp_loss, params, batches, "mxfp4", budget=1,
-                              quant_key=jax.random.key(4))
-
-
-def _loss(policy, params, batch):
-  return float(quant.quantized(_mlp_loss, policy)(params, batch, quant_key=jax.random.key(8)))
-
-
-def test_advisor_keeps_the_outlier_site_and_closes_the_loss_gap(advice):
-  params, adv = advice
-  policy, ranking = adv
-  assert adv.kept == ("l2",) and ranking[0]["path"] == "l2" and ranking[0]["kept"]
-  assert policy.recipe_for("l2").name == "auto" and policy.recipe_for("l1").name == "mxfp4"
-  assert adv.kept_flops_fraction == pytest.approx(0.25)
-  batch = _batch(seed=21)  # held out
-  hp = _loss(quant.QuantPolicy(recipe="bf16"), params, batch)
-  unadvised = _loss(quant.QuantPolicy(recipe="mxfp4"), params, batch)
-  by_name = _loss(quant.QuantPolicy(recipe="mxfp4", rules=((r"^l3$", "bf16"),)), params, batch)
-  advised = _loss(policy, params, batch)
-  assert abs(advised - hp) < 0.2 * abs(unadvised - hp)
-  assert abs(advised - hp) < 0.2 * abs(by_name - hp)  # the last layer, kept by name: no help
-
-
-def test_advisor_flops_budget_and_errors():
-  params = _mlp_params(jax.random.key(0), outlier=True)
-  batches = [_batch(11)]
-  kw = dict(quant_key=jax.random.key(4))
-  none = quant.advise(_mlp_loss, params, batches, "mxfp4", budget=0.2, **kw)  # < one site (25%)
-  assert none.kept == () and none.policy.rules == () and none.kept_flops_fraction == 0.0
-  one = quant.advise(_mlp_loss, params, batches, "mxfp4", budget=0.3, **kw)
-  assert one.kept == ("l2",)
-  with pytest.raises(ValueError, match="fraction of the GEMM FLOPs"):
-    quant.advise(_mlp_loss, params, batches, "mxfp4", budget=1.5, **kw)
-  with pytest.raises(TypeError, match="budget must be an int"):
-    quant.advise(_mlp_loss, params, batches, "mxfp4", budget="2", **kw)

@@ -14,10 +14,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
+from train_subprocess import suite_cache_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BLOCKED = ("tensorflow_datasets", "grain", "array_record", "tensorflow", "tensorboardX")
@@ -61,7 +61,7 @@ def stock_env(tmp_path_factory):
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
   env.update(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", JAX_PLATFORMS="cpu",
              # the suite's compile cache (tests/conftest.py): a re-run loads the dry run's programs
-             JAX_COMPILATION_CACHE_DIR=os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"))
+             JAX_COMPILATION_CACHE_DIR=suite_cache_dir())
   return env
 
 
