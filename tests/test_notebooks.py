@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -83,7 +84,9 @@ def _kernel_env(tmp_path: Path) -> dict:
   env["LPJAX_CACHE_DIR"] = str(tmp_path / "token_cache")
   (tmp_path / "tmp").mkdir()
   env["TMPDIR"] = str(tmp_path / "tmp")  # the notebooks' tempfile workdirs go with tmp_path
-  env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "lpjax_jax_cache")
+  # the suite's compile cache (tests/conftest.py; LPJAX_TEST_CACHE_DIR makes a cold run cold)
+  env["JAX_COMPILATION_CACHE_DIR"] = (jax.config.jax_compilation_cache_dir
+                                      or os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"))
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
   env.pop("MPLBACKEND", None)  # the kernel's inline backend renders the figures
   return env
