@@ -45,8 +45,10 @@ def test_logits_of_earlier_positions_ignore_later_tokens(recipe, pure):
   graphdef, _ = llama.abstract_model(CFG, policy)
   params = llama.init_params(CFG, jax.random.key(1), policy)
   key = jax.random.key(2)
-  before = llama.apply(graphdef, CFG, params, TOKENS, policy, key)
-  after = llama.apply(graphdef, CFG, params, CHANGED, policy, key)
+  # one compiled forward (as a train step runs it), called on both token sequences
+  forward = jax.jit(lambda p, tokens: llama.apply(graphdef, CFG, p, tokens, policy, key))
+  before = forward(params, TOKENS)
+  after = forward(params, CHANGED)
   assert bool(jnp.any(before[:, S:] != after[:, S:]))  # the change is seen where it may be
   assert bool(jnp.all(before[:, :S] == after[:, :S])), float(
       jnp.max(jnp.abs(before[:, :S] - after[:, :S])))

@@ -71,14 +71,16 @@ def test_gradient_accumulation_gives_the_same_update(tmp_path):
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path):
-  cfg = dict(recipe="mxfp4", optimizer="stable_spam", steps=4)
+  # the config of test_tiny_configs_run_and_write_results[mxfp4-stable_spam] (3 steps): its
+  # compiled steps come from the compile cache
+  cfg = dict(recipe="mxfp4", optimizer="stable_spam", steps=3)
   full = Trainer(small(**cfg), str(tmp_path / "full"))
   full.run()
   first = Trainer(small(**cfg), str(tmp_path / "split"))
   assert first.run(stop_after=2)["stopped"]
   second = Trainer(small(**cfg), str(tmp_path / "split"))  # a new process would do the same
   results = second.run()
-  assert results["steps"] == 4
+  assert results["steps"] == 3
   for a, b in zip(leaves(full.final_state), leaves(second.final_state)):
     assert np.array_equal(a, b)
 

@@ -23,17 +23,29 @@ def tiny(name, steps=2, **overrides):
   return override(c, **overrides)
 
 
+@pytest.fixture(scope="module")
+def resnet_bf16(tmp_path_factory):
+  """(trainer, results, workdir) of one 2-step run of resnet_tiny_digits_bf16: its config test
+  reads the files, the BatchNorm test resumes a split run against its final state."""
+  workdir = tmp_path_factory.mktemp("resnet_bf16")
+  trainer = Trainer(tiny("resnet_tiny_digits_bf16"), str(workdir))
+  return trainer, trainer.run(), workdir
+
+
 @pytest.mark.parametrize("name", ["resnet_tiny_digits_bf16", "resnet_tiny_digits_mxfp4"])
-def test_resnet_tiny_configs_run(tmp_path, name):
-  results = Trainer(tiny(name), str(tmp_path)).run()
-  saved = json.loads((tmp_path / "results.json").read_text())
+def test_resnet_tiny_configs_run(tmp_path, request, name):
+  if name == "resnet_tiny_digits_bf16":  # the module's shared run
+    _, results, workdir = request.getfixturevalue("resnet_bf16")
+  else:
+    results, workdir = Trainer(tiny(name), str(tmp_path)).run(), tmp_path
+  saved = json.loads((workdir / "results.json").read_text())
   assert saved == results
   assert results["steps"] == 2 and results["images"] == 32 and results["task"] == "classification"
   for key in ("final_eval_loss", "final_eval_top1", "final_eval_top5", "final_eval_loss_fp",
               "final_eval_top1_fp", "final_eval_top5_fp"):
     assert np.isfinite(results[key]), key
   assert 0.0 <= results["final_eval_top1"] <= results["final_eval_top5"] <= 1.0
-  lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert any("train/accuracy" in r and "train/images_per_second" in r for r in lines)
 
 
@@ -55,14 +67,13 @@ def test_unet_tiny_configs_run_and_save_sample_grids(tmp_path, name, overrides):
   assert open(grids[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_batchnorm_statistics_train_checkpoint_and_resume_exactly(tmp_path):
-  full = Trainer(tiny("resnet_tiny_digits_bf16", steps=3), str(tmp_path / "full"))
-  full.run()
+def test_batchnorm_statistics_train_checkpoint_and_resume_exactly(tmp_path, resnet_bf16):
+  full = resnet_bf16[0]  # 2 steps, uninterrupted
   init_stats = full.init_state().model_state
   moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init_stats),
                                                     jax.tree.leaves(full.final_state.model_state))]
   assert moved and all(moved)  # every running mean / variance was updated by training
-  split = tiny("resnet_tiny_digits_bf16", steps=3)
+  split = tiny("resnet_tiny_digits_bf16")
   Trainer(split, str(tmp_path / "split")).run(stop_after=1)
   resumed = Trainer(split, str(tmp_path / "split"))
   resumed.run()
