@@ -3,6 +3,8 @@
 import os
 import tempfile
 
+import pytest
+
 os.environ["JAX_PLATFORMS"] = "cpu"
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -30,3 +32,13 @@ def pytest_configure(config):
   Flax or NumPy API that it calls) fails the test: the next release removes that API."""
   if tuple(int(p) for p in jax.__version__.split(".")[:2]) > PINNED_JAX:
     config.addinivalue_line("filterwarnings", "error::DeprecationWarning:lpjax")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """`--dist loadfile` starts the slowest files first (tests/xdist_order.py); other modes as xdist."""
+  if config.getoption("dist", None) != "loadfile":
+    return None
+  from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415  (only under xdist)
+  import xdist_order  # noqa: PLC0415  (tests/ is on the path: conftest's folder)
+  return xdist_order.make_scheduler(LoadFileScheduling)(config, log)

@@ -142,16 +142,18 @@ def test_the_tensorflow_extra_is_refused_on_the_current_stack(tmp_path):
 
 
 def _venv(tmp_path, stamps=(), age=0.0):
-  """A stand-in venv: bin/python and the given stamp files, `age` seconds newer than the
-  requirements files (negative: older)."""
+  """A stand-in venv: bin/python and the given stamp files, `age` seconds newer than every
+  requirements file (negative: older than every one)."""
   venv = tmp_path / "venv"
   (venv / "bin").mkdir(parents=True)
-  newest = max(os.path.getmtime(ROOT / f) for f in
-               ("requirements.txt", "requirements-dev.txt", "requirements-plot.txt",
-                "requirements-interop.txt", "pyproject.toml"))
+  times = [os.path.getmtime(ROOT / f) for f in
+           ("requirements.txt", "requirements-dev.txt", "requirements-plot.txt",
+            "requirements-interop.txt", "pyproject.toml")]
+  # newer than the newest file, or older than the oldest (a checkout that edited one file later)
+  ref = max(times) if age >= 0 else min(times)
   for i, name in enumerate(("bin/python",) + tuple(stamps)):
     (venv / name).touch()
-    os.utime(venv / name, (newest + age + i, newest + age + i))
+    os.utime(venv / name, (ref + age + i, ref + age + i))
   return venv
 
 
