@@ -14,6 +14,9 @@ Rows (`--rows`, comma-separated; default all but `suite`):
 - first_step: time to the first step (process start, trainer, compile, 1 step) of LLaMA-tiny mxfp4
   and the U-Net's E4M3-scaled FP4 (configs/unet_tiny_digits_mxfp4.py) against bf16: one fresh
   process per measurement with JAX's compilation cache off, the arms alternated.
+- compile_1b: the 1B config's train step (configs/llama_1b_mxfp4.py, 8 CPU devices, abstract inputs,
+  lower + compile only, as benchmarks/llama_memory.py builds it): compile seconds of mxfp4 against
+  its bf16 recipe, one fresh process per compile (minutes each).
 - monitor_compile: the monitor's measured step's compile against the plain step's (LLaMA-tiny mxfp4).
 - advise: `python -m lpjax.advise` on LLaMA-tiny, 2 batches: CPU and wall seconds of the child,
   its XLA compiles, and whether XLA warned of a stuck simplifier or a very slow compile.
@@ -36,7 +39,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROWS = ("step", "fake_quant", "first_step", "monitor_compile", "advise", "suite")
+ROWS = ("step", "fake_quant", "first_step", "compile_1b", "monitor_compile", "advise", "suite")
 DEFAULT_ROWS = ROWS[:-1]
 
 
@@ -74,6 +77,8 @@ def measure_row(row: str, args) -> list:
     return sr.fake_quant(args.quick, rounds)
   if row == "first_step":
     return sr.first_step(args.quick, args.rounds or (1 if args.quick else 2))
+  if row == "compile_1b":
+    return sr.compile_1b(args.quick, args.rounds or 1)
   if row == "monitor_compile":
     return sr.monitor_compile(args.quick)
   if row == "advise":

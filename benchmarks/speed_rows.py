@@ -22,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 LLAMA = "configs/llama_tiny_mxfp4.py"  # every arm: its data and optimizer, quant.recipe overridden
+LLAMA_1B = "configs/llama_1b_mxfp4.py"  # compile_1b: quant.recipe mxfp4 (its own) or bf16
 UNET = "configs/unet_tiny_digits_mxfp4.py"  # recipe mxfp4_e4m3scale: FP4 with E4M3 block scales
 XLA_WARNINGS = ("Algebraic simplifier is likely stuck", "Very slow compile")
 
@@ -127,6 +128,45 @@ def first_step(quick: bool, rounds: int, models=("llama", "unet")) -> list:
     out.append(figure(f"first step {label} / bf16", quant_s / base, "x", f"<= {goal}x",
                       quant_s / base <= goal))
   return out
+
+
+_COMPILE_1B = """import json, sys
+from cpu_devices import use_virtual_cpu_devices
+use_virtual_cpu_devices(8)
+import jax
+from llama_step import compile_train_step, load_config
+c = load_config(sys.argv[1])
+c.quant.recipe = sys.argv[2]
+if int(sys.argv[3]):
+  c.batch_size = int(sys.argv[3])
+_, seconds = compile_train_step(c, int(sys.argv[4]), jax.devices()[:8])
+print(json.dumps(seconds))
+"""
+
+
+def _compile_1b_once(recipe: str, quick: bool) -> float:
+  """Lower + compile seconds of the 1B config's train step with `recipe`, in a fresh process on 8
+  virtual CPU devices from abstract inputs (benchmarks/llama_step.py, as llama_memory.py builds
+  it: nothing executed)."""
+  args = [LLAMA_1B, recipe, "8" if quick else "0", "256" if quick else "32000"]
+  proc = subprocess.run([sys.executable, "-c", _COMPILE_1B, *args], cwd=ROOT, env=child_env(),
+                        capture_output=True, text=True)
+  if proc.returncode != 0:
+    raise RuntimeError(f"compile_1b {recipe} failed:\n{proc.stderr[-3000:]}")
+  return float(proc.stdout.strip().splitlines()[-1])
+
+
+def compile_1b(quick: bool, rounds: int) -> list:
+  """Compile time of the 1B config's train step (configs/llama_1b_mxfp4.py, 8 CPU devices,
+  abstract inputs, lower + compile only) with mxfp4 against its bf16 recipe: one fresh process
+  per compile, the arms alternated over `rounds`; ratio of medians."""
+  times = {"bf16": [], "mxfp4": []}
+  for r in range(rounds):
+    for arm in (("bf16", "mxfp4") if r % 2 == 0 else ("mxfp4", "bf16")):
+      times[arm].append(_compile_1b_once(arm, quick))
+  base, quant_s = statistics.median(times["bf16"]), statistics.median(times["mxfp4"])
+  return [figure("compile 1B bf16", base, "s", "", None),
+          figure("compile 1B mxfp4 / bf16", quant_s / base, "x", "<= 1.5x", quant_s / base <= 1.5)]
 
 
 def monitor_compile(quick: bool, every: int = 2) -> list:

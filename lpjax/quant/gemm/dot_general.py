@@ -93,46 +93,49 @@ def _mm_out(a_ax, b_ax, cfg: _Static, kernel_gemm: str | None = None):
   return _mm(a, b, a_axis, b_axis, cfg)
 
 
-def _forward(lhs, rhs, key, cfg: _Static):
+def _forward(lhs, rhs, key, cfg: _Static, memo: dict | None = None):
   r = cfg.recipe
   kernel = gk.use_kernel(r, "fwd")
-  w = po.fwd_operand(rhs, RHS, key, r, pack=kernel, w_axes=cfg.rhs_axes)
-  x = po.fwd_operand(lhs, LHS, key, r, pack=kernel)
+  memo = {} if memo is None else memo  # one derivation of each pass's RHT signs (po.gemm_signs)
+  w = po.fwd_operand(rhs, RHS, key, r, pack=kernel, w_axes=cfg.rhs_axes, memo=memo)
+  x = po.fwd_operand(lhs, LHS, key, r, pack=kernel, memo=memo)
   return _mm_out(x, w, cfg, "fwd" if kernel else None).astype(cfg.out_dtype)
 
 
 def _qgemm_fwd(lhs, rhs, key, cfg: _Static):
   r = cfg.recipe
+  memo = {}
   if r.residuals == "quantized":
-    x_res, x_axis = po.residual(lhs, po.X_FOR_WGRAD, key, r)
-    w_res, w_axis = po.residual(rhs, po.W_FOR_DGRAD, key, r, cfg.rhs_axes)
+    x_res, x_axis = po.residual(lhs, po.X_FOR_WGRAD, key, r, memo=memo)
+    w_res, w_axis = po.residual(rhs, po.W_FOR_DGRAD, key, r, cfg.rhs_axes, memo=memo)
     res = (x_res, w_res)
     assert (x_axis, w_axis) == po.residual_axes(r), "residual layout out of sync"
   else:
     res = (lhs, rhs)
-  return _forward(lhs, rhs, key, cfg), (res, key)
+  return _forward(lhs, rhs, key, cfg, memo), (res, key)
 
 
 def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   (x_res, w_res), key = residuals
   r = cfg.recipe
   kd, kw = gk.use_kernel(r, "dgrad"), gk.use_kernel(r, "wgrad")  # packed operands, the kernel
+  m = {}  # each pass's RHT signs derived once, shared by its operands (po.gemm_signs)
   # dgrad: dX = dY W^T, contraction over N.
-  dy_n = po.pass_operand(dy, "dgrad", LHS, -1, key, r, pack=kd)
+  dy_n = po.pass_operand(dy, "dgrad", LHS, -1, key, r, pack=kd, memo=m)
   if r.residuals == "quantized":
     x_axis, w_axis = po.residual_axes(r)
-    w_n = po.unpacked(w_res, w_axis, "dgrad", RHS, key, r, cfg.rhs_axes, pack=kd)
-    x_m = po.unpacked(x_res, x_axis, "wgrad", LHS, key, r, pack=kw)
+    w_n = po.unpacked(w_res, w_axis, "dgrad", RHS, key, r, cfg.rhs_axes, pack=kd, memo=m)
+    x_m = po.unpacked(x_res, x_axis, "wgrad", LHS, key, r, pack=kw, memo=m)
   else:
-    w_n = po.pass_operand(w_res, "dgrad", RHS, -1, key, r, pack=kd, w_axes=cfg.rhs_axes)
-    x_m = po.pass_operand(x_res, "wgrad", LHS, -2, key, r, pack=kw)
+    w_n = po.pass_operand(w_res, "dgrad", RHS, -1, key, r, pack=kd, w_axes=cfg.rhs_axes, memo=m)
+    x_m = po.pass_operand(x_res, "wgrad", LHS, -2, key, r, pack=kw, memo=m)
   dx = _mm_out(dy_n, w_n, cfg, "dgrad" if kd else None)
   # wgrad: dW = X^T dY, contraction over M; computed as (dY^T X)^T like jax's own transpose rule.
-  dy_m = po.pass_operand(dy, "wgrad", RHS, -2, key, r, pack=kw)
+  dy_m = po.pass_operand(dy, "wgrad", RHS, -2, key, r, pack=kw, memo=m)
   dw = jnp.swapaxes(_mm_out(dy_m, x_m, cfg, "wgrad" if kw else None), -1, -2)
   if r.trust_masked:
-    dx = po.through_trust_mask(dx, x_res, LHS, key, r)
-    dw = po.through_trust_mask(dw, w_res, RHS, key, r)
+    dx = po.through_trust_mask(dx, x_res, LHS, key, r, m)
+    dw = po.through_trust_mask(dw, w_res, RHS, key, r, m)
   return dx.astype(lhs_dtype), dw.astype(rhs_dtype), None  # no cotangent for the key
 
 

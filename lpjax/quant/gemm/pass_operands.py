@@ -44,23 +44,43 @@ def as_key(key):
   return jax.random.wrap_key_data(key)
 
 
-def gemm_signs(key, recipe: GemmRecipe, gemm: str):
+def gemm_signs(key, recipe: GemmRecipe, gemm: str, memo: dict | None = None):
   """(random Hadamard signs or None, Hadamard block or None) that `gemm` of `recipe` applies to
-  both its operands, from the layer's key (QuEST's forward: a fixed transform, no signs)."""
+  both its operands, from the layer's key (QuEST's forward: a fixed transform, no signs).
+
+  `memo`: a dict kept for one pass of one GEMM call (one `key`): the signs are derived once and
+  shared by both operands (and by the backward's re-quantizations of the forward's operands),
+  instead of one traced derivation per operand (the same bits, fewer equations to compile).
+  """
+  if memo is not None and gemm in memo:
+    return memo[gemm]
   block = getattr(recipe, gemm).hadamard_block
   if gemm == "fwd" and recipe.trust_masked:
-    return None, block  # QuEST: a fixed Hadamard transform, no random signs (Quartet)
-  return (opq.hadamard_signs(key, gemm, block) if block else None), block
+    out = None, block  # QuEST: a fixed Hadamard transform, no random signs (Quartet)
+  else:
+    out = (opq.hadamard_signs(key, gemm, block) if block else None), block
+  if memo is not None:
+    memo[gemm] = out
+  return out
 
 
-def through_trust_mask(g, x, side: int, key, recipe: GemmRecipe):
+def operand_key(key, op, gemm: str, side: int):
+  """The SR key of operand `side` of `gemm` (`operand.operand_key`), or None where its quantizer
+  draws no random bits (high precision or round to nearest: no scheme uses a key then, nor does
+  the quantizer): not derived at all."""
+  if not isinstance(op, OperandQuant) or not op.stochastic:
+    return None
+  return opq.operand_key(key, gemm, side)
+
+
+def through_trust_mask(g, x, side: int, key, recipe: GemmRecipe, memo: dict | None = None):
   """QuEST's backward: gradient g of the rotated, quantized operand -> gradient of `x`.
 
   g is dX (M, Kp) for side LHS or dW (Kp, N) for RHS, in the forward's rotated domain (the
   backward GEMMs multiplied the forward's Q(X) / Q(W)); it is zeroed where the forward clipped
   (the trust mask, recomputed from x), rotated back along K and cropped to x's K.
   """
-  signs, block = gemm_signs(key, recipe, "fwd")
+  signs, block = gemm_signs(key, recipe, "fwd", memo)
   op = recipe.fwd.operands()[side]
   xk, _ = to_last(x, -1 if side == LHS else -2, True)  # X (M, K) / W^T (N, K)
   mask = quest(opq.rotate(xk, block, -1, signs), op.format.block_size)[1]
@@ -128,42 +148,46 @@ def _swapped(w_axes, moved: bool):
   return tuple(reversed(w_axes)) if (moved and w_axes is not None) else w_axes
 
 
-def fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None):
-  """Operand `side` of the forward GEMM: (values or QArray, contraction axis)."""
+def fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None,
+                memo: dict | None = None):
+  """Operand `side` of the forward GEMM: (values or QArray, contraction axis). `memo`: see
+  `gemm_signs`."""
   op = recipe.fwd.operands()[side]
-  signs, block = gemm_signs(key, recipe, "fwd")
+  signs, block = gemm_signs(key, recipe, "fwd", memo)
   x, axis = to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
-  kw = dict(axis=axis, key=opq.operand_key(key, "fwd", side), signs=signs, block=block)
+  kw = dict(axis=axis, key=operand_key(key, op, "fwd", side), signs=signs, block=block)
   axes, weight = _layout_axes(x, "fwd", side, w_axes, side == RHS and axis == -1)
   return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
 
 
 def pass_operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *,
-                 pack: bool = False, w_axes=None):
-  """Operand `side` of `gemm` from high precision: (values, or a QArray if `pack`; its axis)."""
+                 pack: bool = False, w_axes=None, memo: dict | None = None):
+  """Operand `side` of `gemm` from high precision: (values, or a QArray if `pack`; its axis).
+  `memo`: see `gemm_signs`."""
   op = getattr(recipe, gemm).operands()[side]
   if op == REUSE_FWD:
-    x, axis = reuse(x, side, axis, key, recipe, pack=pack, w_axes=w_axes)
+    x, axis = reuse(x, side, axis, key, recipe, pack=pack, w_axes=w_axes, memo=memo)
     if pack:
       return x, axis
     op, w_axes = None, None  # the forward's values, gathered already
   elif isinstance(op, OperandQuant) and op.from_fwd:  # re-quantize the forward's Q(X) / Q(W)
-    x, axis = reuse(x, side, axis, key, recipe, w_axes=w_axes)
+    x, axis = reuse(x, side, axis, key, recipe, w_axes=w_axes, memo=memo)
     w_axes = None  # gathered already
   elif op is None and recipe.trust_masked and (gemm, side) in (("dgrad", RHS), ("wgrad", LHS)):
-    x, axis = reuse(x, side, axis, key, recipe, w_axes=w_axes)  # QuEST: the rotated domain
+    x, axis = reuse(x, side, axis, key, recipe, w_axes=w_axes, memo=memo)  # QuEST: rotated
     w_axes = None
-  signs, block = gemm_signs(key, recipe, gemm)
+  signs, block = gemm_signs(key, recipe, gemm, memo)
   before = axis % x.ndim
   x, axis = to_last(x, axis, op is not None or bool(block))
-  kw = dict(axis=axis, key=opq.operand_key(key, gemm, side), signs=signs, block=block)
+  kw = dict(axis=axis, key=operand_key(key, op, gemm, side), signs=signs, block=block)
   axes, weight = _layout_axes(x, gemm, side, w_axes, axis % x.ndim != before)
   return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
 
 
-def reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None):
+def reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None,
+          memo: dict | None = None):
   """REUSE_FWD: the forward's fake-quantized X (LHS) or W (RHS), and where `axis` went."""
-  y, fwd_axis = fwd_operand(x, side, key, recipe, pack=pack, w_axes=w_axes)
+  y, fwd_axis = fwd_operand(x, side, key, recipe, pack=pack, w_axes=w_axes, memo=memo)
   moved = fwd_axis != (-1 if side == LHS else -2)  # the forward swapped the last two axes
   if moved:
     axis = {-1: -2, -2: -1}[axis]
@@ -171,7 +195,7 @@ def reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = Fals
 
 
 def unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_axes=None,
-              pack: bool = False):
+             pack: bool = False, memo: dict | None = None):
   """The backward operand from a residual kept by `residual` (QArray or high precision).
 
   A packed weight residual (kept on its shards) is gathered as codes before it is unpacked
@@ -181,15 +205,15 @@ def unpacked(res, axis: int, gemm: str, side: int, key, recipe: GemmRecipe, w_ax
   if op == REUSE_FWD:
     fwd_op = recipe.fwd.operands()[side]
     if fwd_op is None:  # kept in high precision
-      return pass_operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
+      return pass_operand(res, gemm, side, axis, key, recipe, w_axes=w_axes, memo=memo)
     res = wg.pin_qarray(res, _swapped(w_axes, True), gathered=True)  # packed as W^T (N, K)
     x = opq.unpack(res, fwd_op, recipe.compute_dtype or res.dtype)
-    signs, block = gemm_signs(key, recipe, gemm)
+    signs, block = gemm_signs(key, recipe, gemm, memo)
     x, axis = to_last(x, axis, bool(block))
     return opq.fake(x, None, axis=axis, key=None, signs=signs, block=block,
                     dtype=recipe.compute_dtype), axis
   if op is None:
-    return pass_operand(res, gemm, side, axis, key, recipe, w_axes=w_axes)
+    return pass_operand(res, gemm, side, axis, key, recipe, w_axes=w_axes, memo=memo)
   res = wg.pin_qarray(res, w_axes, gathered=True) if w_axes is not None else res
   return (res if pack else opq.unpack(res, op, recipe.compute_dtype or res.dtype)), axis
 
@@ -200,13 +224,13 @@ W_FOR_DGRAD = ("dgrad", RHS, -1)  # W (K, N) blocked along N
 X_FOR_WGRAD = ("wgrad", LHS, -2)  # X (M, K) blocked along M
 
 
-def residual(x, which, key, recipe: GemmRecipe, w_axes=None):
+def residual(x, which, key, recipe: GemmRecipe, w_axes=None, memo: dict | None = None):
   """residuals="quantized": (packed operand or x itself if high precision, its axis)."""
   gemm, side, axis = which
   op = getattr(recipe, gemm).operands()[side]
   if op is None or (op == REUSE_FWD and recipe.fwd.operands()[side] is None):
     return x, axis
-  return pass_operand(x, gemm, side, axis, key, recipe, pack=True, w_axes=w_axes)
+  return pass_operand(x, gemm, side, axis, key, recipe, pack=True, w_axes=w_axes, memo=memo)
 
 
 def residual_axes(recipe: GemmRecipe):

@@ -1,0 +1,78 @@
+"""What one quantized GEMM traces (a structural compile-time property, no timing): every pass
+derives its RHT signs once, shared by its two operands, and a stochastic-rounding key only for
+the operands that draw random bits. Each derivation is a traced hash that XLA compiles; the
+duplicates of the old code (signs per operand, keys of round-to-nearest operands) gave the same
+bits and only more equations."""
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lpjax.quant import recipes
+from lpjax.quant.recipes.gemm_recipe import OperandQuant
+from lpjax.quant.gemm import operand as opq
+from lpjax.quant.gemm.dot_general import dot_general
+
+DN2 = (((1,), (0,)), ((), ()))
+
+
+def _derivations(monkeypatch, recipe, residuals=None):
+  """Traces value_and_grad of one GEMM; counts the sign and operand-key derivations per pass."""
+  signs, keys = collections.Counter(), collections.Counter()
+  real_signs, real_key = opq.hadamard_signs, opq.operand_key
+
+  def counted_signs(key, gemm, block):
+    signs[gemm] += 1
+    return real_signs(key, gemm, block)
+
+  def counted_key(key, gemm, side):
+    keys[gemm, side] += 1
+    return real_key(key, gemm, side)
+
+  monkeypatch.setattr(opq, "hadamard_signs", counted_signs)
+  monkeypatch.setattr(opq, "operand_key", counted_key)
+  r = recipes.get(recipe)
+  if residuals is not None:
+    r = dataclasses.replace(r, residuals=residuals)
+  loss = lambda x, w, key: dot_general(x, w, DN2, r, key=key).sum()
+  jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(
+      jnp.ones((8, 64)), jnp.ones((64, 16)), jax.random.key(0))
+  return dict(signs), dict(keys)
+
+
+def _expected_keys(recipe):
+  """(gemm, side) of every operand whose quantizer rounds stochastically (the only ones that use a
+  key: a scheme's random draws are its stochastic rounding)."""
+  r = recipes.get(recipe)
+  out = {}
+  for gemm in ("fwd", "dgrad", "wgrad"):
+    for side, op in enumerate(getattr(r, gemm).operands()):
+      if isinstance(op, OperandQuant) and op.stochastic:
+        out[gemm, side] = 1
+  return out
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "quartet"])
+def test_each_pass_derives_its_signs_once(monkeypatch, recipe):
+  signs, keys = _derivations(monkeypatch, recipe)
+  r = recipes.get(recipe)
+  with_rht = {g for g in ("fwd", "dgrad", "wgrad") if getattr(r, g).hadamard_block}
+  if r.trust_masked:
+    with_rht.discard("fwd")  # QuEST's forward: a fixed Hadamard transform, no random signs
+  # Once per pass with an RHT (the old code: once per operand, and again for each re-quantization
+  # of a forward operand: mxfp4 6, nvfp4 2, quartet 4).
+  assert signs == {g: 1 for g in with_rht}
+  # One key per operand that rounds stochastically, none for the others (the old code derived
+  # all six, and again for each re-quantization of a forward operand).
+  assert keys == _expected_keys(recipe)
+
+
+def test_quantized_residuals_derive_signs_once_per_pass(monkeypatch):
+  signs, keys = _derivations(monkeypatch, "mxfp4", residuals="quantized")
+  # The forward rule packs the backward's X and W (dgrad and wgrad signs once each there), the
+  # backward rule quantizes dY for both passes (once each again): old code 4 + 4 + 4.
+  assert signs == {"fwd": 1, "dgrad": 2, "wgrad": 2}
+  assert keys == _expected_keys("mxfp4")
