@@ -16,9 +16,9 @@ around each GEMM that a recipe runs. Three modes:
   writes row `block` of its sink (the scan sums the rows' cotangents: one row per block); the
   iterations of a loop (a scan that is not over blocks) add to the same row, and a site in the
   untaken branch of a `cond` gets a zero cotangent: calls 0, "not run".
-- "loss": every quantized GEMM computes its quantized and its high-precision product and returns
-  the quantized one only at the selected (site, block) (both traced), so one compiled forward gives
-  the loss with any one site quantized, or none (site -1).
+- "loss": every quantized GEMM runs its quantized product at the selected (site, block) (both
+  traced) and its high-precision product elsewhere (a `lax.cond`: one of the two runs), so one
+  compiled forward gives the loss with any one site quantized, or none (site -1).
 
 Examples:
   >>> len(SINK_FIELDS), SINK_FIELDS[:2], SINK_FIELDS[-4:]
@@ -163,12 +163,14 @@ def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: 
       raise RuntimeError(f"GEMM site {key} was not found when the function was first traced; "
                          "site_stats needs a function that traces the same GEMMs every call.")
     if state.mode == "loss":
-      y_q = dg.canonical_gemm(lhs3, rhs3, key_, cfg)
       hp = (state.high_precision if state.high_precision is not None
             else recipes.get(info.high_precision or "bf16"))
-      y_hp = dg.canonical_gemm(lhs3, rhs3, key_, cfg, hp)
       chosen = (state.select[0] == info.index) & (state.select[1] == _block_row(block))
-      return jnp.where(chosen, y_q, y_hp.astype(y_q.dtype))
+      # one of the two products runs: the quantized one at the selected (site, block) only
+      quantized = lambda l, r, k: dg.canonical_gemm(l, r, k, cfg)
+      out = jax.eval_shape(quantized, lhs3, rhs3, key_)
+      high = lambda l, r, k: dg.canonical_gemm(l, r, k, cfg, hp).astype(out.dtype)
+      return jax.lax.cond(chosen, quantized, high, lhs3, rhs3, key_)
     return _measured(lhs3, rhs3, key_, state.sinks[key], _block_row(block), recipe, fwd, bwd)
 
   token = dg.OBSERVER.set(observer)
