@@ -89,3 +89,27 @@ def test_loss_delta_equals_the_policy_that_keeps_every_other_site():
   assert sorted(deltas) == ["l0", "l1", "l2", "l3"]
   for path, delta in deltas.items():
     assert delta == run(((f"^(?!{path}$)l[0-9]$", hp),)) - none, path
+
+
+def test_the_advisors_statistics_run_no_quantizer_again():
+  """operand_stats=False (the advisor's): the products' statistics, grad_noise_ratio and the
+  counts bit-identical to the full measurement's, and no quantizer of the statistics in the
+  lowered function (the full one quantizes every operand again)."""
+  import re
+
+  from lpjax.quant.monitor.observer import SINK_FIELDS
+  from lpjax.quant.monitor.site_stats import measured_value_and_grad
+
+  params, batch = _params(2), _batches(1)[0]
+  call = lambda p, b: quant.quantized(_loss, RECIPE)(p, b, quant_key=jax.random.key(1))
+  sites = discover(call, params, batch)
+  fns = {flag: jax.jit(measured_value_and_grad(call, sites, operand_stats=flag))
+         for flag in (True, False)}
+  requantized = {flag: len(re.findall(r"call @_quantize_xla", f.lower(params, batch).as_text()))
+                 for flag, f in fns.items()}
+  assert requantized[False] == 0 < requantized[True], requantized
+  (_, _, full), (_, _, lean) = fns[True](params, batch), fns[False](params, batch)
+  own = [i for i, f in enumerate(SINK_FIELDS) if f.count(".") < 2]  # not an operand's field
+  for k in sites:
+    a, b = np.asarray(full[k]), np.asarray(lean[k])
+    assert a[:, own].tobytes() == b[:, own].tobytes()

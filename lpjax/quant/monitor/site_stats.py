@@ -67,19 +67,22 @@ def discover(call: Callable, *args) -> dict:
   return sites
 
 
-def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = False) -> Callable:
+def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = False,
+                            operand_stats: bool = True) -> Callable:
   """`f(params, *rest) -> (loss, grads, {SiteKey: float32[rows, len(SINK_FIELDS)]})`: the loss
   and gradients of `call` (the quantized run's own bits) with every site's statistics, a pure
   function of arrays (jit it, or call it inside a jitted step). With `has_aux`, `call` returns
   (loss, aux) and `loss` above is that pair, as `jax.value_and_grad(..., has_aux=True)` gives.
   A row's `calls` field is 0 for a site that never ran, `nonfinite` > 0 for one that saw a NaN
-  or an infinity (`lpjax.quant.monitor.sink.status` reads them)."""
+  or an infinity (`lpjax.quant.monitor.sink.status` reads them). `operand_stats=False`: the
+  products' statistics and grad_noise_ratio only (the operand fields are not measured: not to
+  be read); no quantizer runs again for the statistics."""
 
   def f(params, *rest):
     sinks = {k: jnp.zeros((info.rows, sink_lib.SIZE), jnp.float32) for k, info in sites.items()}
 
     def loss_of(params, sinks):
-      with obs.measuring("stats", sites=sites, sinks=sinks):
+      with obs.measuring("stats", sites=sites, sinks=sinks, operand_stats=operand_stats):
         return call(params, *rest)
 
     loss, (grads, sums) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
@@ -148,14 +151,16 @@ class Measurer:
   one compiled function: the forwards are one `lax.scan` over the (site, block) selections, so the
   function compiles once whatever the number of sites."""
 
-  def __init__(self, target: Callable, policy=None, **kwargs):
+  def __init__(self, target: Callable, policy=None, *, operand_stats: bool = True, **kwargs):
     self.call_target, self.policy = resolve(target, policy)
+    self.operand_stats = operand_stats  # False: operand fields not measured (the advisor reads none)
     self.kwargs = kwargs
     self.sites = None
     # the policy's high-precision recipe; for a target that brings its own policies (a function
     # calling a quantize_model model), each site's policy's (discovery records it)
     self._hp = self.policy.high_precision if self.policy is not None else None
-    self._stats = jax.jit(lambda key, *a: measured_value_and_grad(self._call(key), self.sites)(*a))
+    self._stats = jax.jit(lambda key, *a: measured_value_and_grad(
+        self._call(key), self.sites, operand_stats=operand_stats)(*a))
     self._stats_and_losses = jax.jit(self._measure_all)
 
   def _call(self, key):
@@ -165,7 +170,8 @@ class Measurer:
   def _measure_all(self, key, selections, *args):
     """(loss, grads, stats, float32[len(selections)] losses): the losses with only the (site
     index, block) of each row of `selections` quantized (-1: none), one forward body mapped."""
-    loss, grads, stats = measured_value_and_grad(self._call(key), self.sites)(*args)
+    loss, grads, stats = measured_value_and_grad(self._call(key), self.sites,
+                                                 operand_stats=self.operand_stats)(*args)
     forward = selected_loss(self._call(key), self.sites, self._hp)
     # the arguments ride in the carry (not closed over: an NNX variable cannot cross trace levels)
     _, losses = jax.lax.scan(lambda a, sel: (a, forward(sel[0], sel[1], *a)), args, selections)
