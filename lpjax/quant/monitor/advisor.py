@@ -123,7 +123,8 @@ def advise(loss_fn: Callable, params, batches: Iterable, recipe, *, budget, quan
   batches = list(batches)
   if not batches:
     raise ValueError("advise needs at least one batch to measure on.")
-  measurer = Measurer(loss_fn, policy, **kwargs)
+  # the ranking reads the products' statistics only: the operands' are not computed
+  measurer = Measurer(loss_fn, policy, operand_stats=False, **kwargs)
   per_site: dict = {}
   flops_of: dict = {}
   for i, batch in enumerate(batches):

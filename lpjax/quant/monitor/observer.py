@@ -16,9 +16,9 @@ around each GEMM that a recipe runs. Three modes:
   writes row `block` of its sink (the scan sums the rows' cotangents: one row per block); the
   iterations of a loop (a scan that is not over blocks) add to the same row, and a site in the
   untaken branch of a `cond` gets a zero cotangent: calls 0, "not run".
-- "loss": every quantized GEMM computes its quantized and its high-precision product and returns
-  the quantized one only at the selected (site, block) (both traced), so one compiled forward gives
-  the loss with any one site quantized, or none (site -1).
+- "loss": every quantized GEMM runs its quantized product at the selected (site, block) (both
+  traced) and its high-precision product elsewhere (a `lax.cond`: one of the two runs), so one
+  compiled forward gives the loss with any one site quantized, or none (site -1).
 
 Examples:
   >>> len(SINK_FIELDS), SINK_FIELDS[:2], SINK_FIELDS[-4:]
@@ -80,6 +80,8 @@ class _State:
   select: Any = None  # (site index, block index) traced int32 scalars (loss mode)
   high_precision: Any = None  # GemmRecipe of the high-precision products (loss mode); None:
   # each site's own policy's
+  operand_stats: bool = True  # stats mode: also the operand quantizations' statistics (False:
+  # the products' and gradient's only, the operand fields not measured; no quantizer runs again)
 
 
 def _block_row(block):
@@ -91,11 +93,13 @@ def _block_row(block):
 
 @contextlib.contextmanager
 def measuring(mode: str, *, sites: dict | None = None, sinks: dict | None = None, select=None,
-              high_precision="bf16"):
+              high_precision="bf16", operand_stats: bool = True):
   """Measures the quantized GEMMs traced within the block (see the module docstring); yields the
-  {SiteKey: SiteInfo} dict ("discover" fills it)."""
+  {SiteKey: SiteInfo} dict ("discover" fills it). `operand_stats=False` ("stats" mode): only the
+  products' statistics, grad_noise_ratio, calls and non-finite counts (the operand fields are not
+  measured: not to be read)."""
   state = _State(mode, {} if sites is None else sites, sinks, select,
-                 None if high_precision is None else recipes.get(high_precision))
+                 None if high_precision is None else recipes.get(high_precision), operand_stats)
 
   def site_observer(site, block, num_blocks, count, folds, trips=1, high_precision=None):
     if site.status != "quantized":
@@ -163,13 +167,16 @@ def _gemm_context(state: _State, key: SiteKey, site, block, rows: int, in_loop: 
       raise RuntimeError(f"GEMM site {key} was not found when the function was first traced; "
                          "site_stats needs a function that traces the same GEMMs every call.")
     if state.mode == "loss":
-      y_q = dg.canonical_gemm(lhs3, rhs3, key_, cfg)
       hp = (state.high_precision if state.high_precision is not None
             else recipes.get(info.high_precision or "bf16"))
-      y_hp = dg.canonical_gemm(lhs3, rhs3, key_, cfg, hp)
       chosen = (state.select[0] == info.index) & (state.select[1] == _block_row(block))
-      return jnp.where(chosen, y_q, y_hp.astype(y_q.dtype))
-    return _measured(lhs3, rhs3, key_, state.sinks[key], _block_row(block), recipe, fwd, bwd)
+      # one of the two products runs: the quantized one at the selected (site, block) only
+      quantized = lambda l, r, k: dg.canonical_gemm(l, r, k, cfg)
+      out = jax.eval_shape(quantized, lhs3, rhs3, key_)
+      high = lambda l, r, k: dg.canonical_gemm(l, r, k, cfg, hp).astype(out.dtype)
+      return jax.lax.cond(chosen, quantized, high, lhs3, rhs3, key_)
+    return _measured(lhs3, rhs3, key_, state.sinks[key], _block_row(block), recipe, fwd, bwd,
+                     state.operand_stats)
 
   token = dg.OBSERVER.set(observer)
   try:
@@ -201,7 +208,7 @@ def quantized_operands(recipe) -> tuple:
   return tuple(out)
 
 
-def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd):
+def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd, operand_stats=True):
   """The GEMM (its own fwd / bwd rules, so the same bits) with its statistics' sums as sink's
   cotangent (added to row `row`)."""
 
@@ -221,7 +228,7 @@ def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd):
     # fused otherwise than without the monitor (a bias gradient's sum of dY keeps its bits).
     one = jax.lax.optimization_barrier(jnp.ones((), jnp.float32))
     seen = [a * one.astype(a.dtype) for a in (lhs3, rhs3, dy, y, dx, dw)]
-    values = _statistics(*seen[:2], key, *seen[2:], recipe)
+    values = _statistics(*seen[:2], key, *seen[2:], recipe, operand_stats)
     ct = jax.lax.dynamic_update_slice(zeros, values[None, :], (row, jnp.int32(0)))
     return dx, dw, None, ct, None
 
@@ -249,11 +256,11 @@ def _nonfinite(*arrays):
   return sum(jnp.sum((~jnp.isfinite(a.astype(jnp.float32))).astype(jnp.float32)) for a in arrays)
 
 
-def _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe):
+def _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe, operand_stats=True):
   """The sink row of one GEMM call: the sums of `lpjax.quant.monitor.sink` (float32[SIZE])."""
   dy3 = dy.reshape(lhs3.shape[:-1] + rhs3.shape[-1:])
   operands = {}
-  for d in dg.quantizer_inputs(lhs3, rhs3, dy3, key, recipe):
+  for d in dg.quantizer_inputs(lhs3, rhs3, dy3, key, recipe) if operand_stats else ():
     view = opq.quantize_view(d["x"], d["op"], axis=d["axis"], key=d["key"], signs=d["signs"],
                              block=d["block"])
     operands[(d["gemm"], d["operand"])] = operand_sums(*view, d["op"])

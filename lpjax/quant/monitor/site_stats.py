@@ -67,19 +67,22 @@ def discover(call: Callable, *args) -> dict:
   return sites
 
 
-def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = False) -> Callable:
+def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = False,
+                            operand_stats: bool = True) -> Callable:
   """`f(params, *rest) -> (loss, grads, {SiteKey: float32[rows, len(SINK_FIELDS)]})`: the loss
   and gradients of `call` (the quantized run's own bits) with every site's statistics, a pure
   function of arrays (jit it, or call it inside a jitted step). With `has_aux`, `call` returns
   (loss, aux) and `loss` above is that pair, as `jax.value_and_grad(..., has_aux=True)` gives.
   A row's `calls` field is 0 for a site that never ran, `nonfinite` > 0 for one that saw a NaN
-  or an infinity (`lpjax.quant.monitor.sink.status` reads them)."""
+  or an infinity (`lpjax.quant.monitor.sink.status` reads them). `operand_stats=False`: the
+  products' statistics and grad_noise_ratio only (the operand fields are not measured: not to
+  be read); no quantizer runs again for the statistics."""
 
   def f(params, *rest):
     sinks = {k: jnp.zeros((info.rows, sink_lib.SIZE), jnp.float32) for k, info in sites.items()}
 
     def loss_of(params, sinks):
-      with obs.measuring("stats", sites=sites, sinks=sinks):
+      with obs.measuring("stats", sites=sites, sinks=sinks, operand_stats=operand_stats):
         return call(params, *rest)
 
     loss, (grads, sums) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
@@ -115,7 +118,8 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
     policy: a QuantPolicy or recipe name to measure with, in place of the target's own.
     quant_key: the step's key (stochastic rounding, RHT signs), passed as `quant_key=`.
     loss_delta: also measure, per site (and block), the loss with only that site quantized minus
-      the loss with every measured site in the policy's high-precision recipe (one forward each).
+      the loss with every measured site in the policy's high-precision recipe (one forward each,
+      every forward in the one compiled function of the statistics).
     **kwargs: more keyword arguments of `target`.
 
   Returns:
@@ -139,35 +143,63 @@ def site_stats(target: Callable, *args, policy=None, quant_key=None, loss_delta:
 
 
 class Measurer:
-  """`site_stats` for one target, compiled once and run on many arguments of the same shapes
-  (the advisor measures several batches with it). `m(*args, quant_key=, loss_delta=)`."""
+  """`site_stats` for one target, compiled once per argument shapes and run on many arguments of
+  the same shapes (the advisor measures several batches with it). `m(*args, quant_key=,
+  loss_delta=)`.
 
-  def __init__(self, target: Callable, policy=None, **kwargs):
+  With `loss_delta`, the statistics and every site's (and block's) selected-site forward run in
+  one compiled function: the forwards are one `lax.scan` over the (site, block) selections, so the
+  function compiles once whatever the number of sites."""
+
+  def __init__(self, target: Callable, policy=None, *, operand_stats: bool = True, **kwargs):
     self.call_target, self.policy = resolve(target, policy)
+    self.operand_stats = operand_stats  # False: operand fields not measured (the advisor reads none)
     self.kwargs = kwargs
     self.sites = None
-    self._stats = jax.jit(lambda key, *a: measured_value_and_grad(self._call(key), self.sites)(*a))
     # the policy's high-precision recipe; for a target that brings its own policies (a function
     # calling a quantize_model model), each site's policy's (discovery records it)
-    hp = self.policy.high_precision if self.policy is not None else None
-    self._loss = jax.jit(lambda key, i, b, *a: selected_loss(self._call(key), self.sites, hp)(
-        i, b, *a))
+    self._hp = self.policy.high_precision if self.policy is not None else None
+    self._stats = jax.jit(lambda key, *a: measured_value_and_grad(
+        self._call(key), self.sites, operand_stats=operand_stats)(*a))
+    self._stats_and_losses = jax.jit(self._measure_all)
 
   def _call(self, key):
     kwargs = self.kwargs if key is None else dict(self.kwargs, quant_key=key)
     return lambda *a: self.call_target(*a, **kwargs)
 
+  def _measure_all(self, key, selections, *args):
+    """(loss, grads, stats, float32[len(selections)] losses): the losses with only the (site
+    index, block) of each row of `selections` quantized (-1: none), one forward body mapped."""
+    loss, grads, stats = measured_value_and_grad(self._call(key), self.sites,
+                                                 operand_stats=self.operand_stats)(*args)
+    forward = selected_loss(self._call(key), self.sites, self._hp)
+    # the arguments ride in the carry (not closed over: an NNX variable cannot cross trace levels)
+    _, losses = jax.lax.scan(lambda a, sel: (a, forward(sel[0], sel[1], *a)), args, selections)
+    return loss, grads, stats, losses
+
+  def selections(self) -> tuple:
+    """((site, block) of each measured forward, ...): (-1, -1) (no site quantized) first, then
+    every site's blocks in program order."""
+    out = [(None, -1)]
+    for key, info in self.sites.items():
+      out += [(key, b) for b in range(info.rows)]
+    return tuple(out)
+
   def __call__(self, *args, quant_key=None, loss_delta: bool = False) -> SiteStats:
     if self.sites is None:
       self.sites = discover(self._call(quant_key), *args)
     sites = self.sites
-    loss, grads, stats = self._stats(quant_key, *args)
     deltas, hp_loss = {}, None
-    if loss_delta:
-      hp_loss = float(self._loss(quant_key, -1, -1, *args))
-      for key, info in sites.items():
-        for b in range(info.rows):
-          deltas[(key, b)] = float(self._loss(quant_key, info.index, b, *args)) - hp_loss
+    if not loss_delta:
+      loss, grads, stats = self._stats(quant_key, *args)
+    else:
+      chosen = self.selections()
+      rows = np.asarray([(-1 if k is None else sites[k].index, b) for k, b in chosen], np.int32)
+      loss, grads, stats, losses = self._stats_and_losses(quant_key, rows, *args)
+      losses = np.asarray(jax.device_get(losses))
+      hp_loss = float(losses[0])
+      for (key, b), value in zip(chosen[1:], losses[1:]):
+        deltas[(key, b)] = float(value) - hp_loss
     return SiteStats(rows=_rows(sites, jax.device_get(stats), deltas), loss=loss, grads=grads,
                      hp_loss=hp_loss)
 

@@ -1,0 +1,115 @@
+"""The advisor's measurement is one compiled function per batch shape, whatever the number of
+sites; each selected-site forward runs one product per GEMM (not both); and its loss_delta equals
+an independent reference (a policy keeping every other site in high precision), bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import monitoring
+
+from lpjax import quant
+from lpjax.quant.monitor.site_stats import Measurer, discover, selected_loss
+
+D = 64
+RECIPE = "mxfp4_naive"  # the cheapest to compile
+SEEN: list = []  # (fun_name) of every XLA backend compile while a test listens
+
+
+def _listener(event, duration, **kw):
+  if event == "/jax/core/compile/backend_compile_duration" and SEEN and SEEN[0] is True:
+    SEEN.append(kw.get("fun_name", "?"))
+
+
+monitoring.register_event_duration_secs_listener(_listener)
+
+
+def _params(layers, seed=0):
+  keys = jax.random.split(jax.random.key(seed), layers)
+  return {f"l{i}": {"kernel": jax.random.normal(k, (D, D)) / 8} for i, k in enumerate(keys)}
+
+
+def _loss(params, batch):
+  h = batch
+  for i in range(len(params)):
+    h = jnp.tanh(h @ params[f"l{i}"]["kernel"])
+  return jnp.mean(h ** 2)
+
+
+def _batches(n=2, rows=32):
+  return [jax.random.normal(jax.random.key(10 + i), (rows, D)) for i in range(n)]
+
+
+def _compiles_of(fn):
+  """The names of the XLA compiles that `fn()` triggers."""
+  SEEN[:] = [True]
+  try:
+    fn()
+  finally:
+    names = SEEN[1:]
+    SEEN[:] = []
+  return names
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_measurer_compiles_once_per_batch_shape_whatever_the_number_of_sites(layers):
+  params = _params(layers)
+  m = Measurer(quant.quantized(_loss, RECIPE))
+  key = jax.random.key(1)
+  first, second = _batches(2)
+  # the statistics and every site's (and block's) forward: one compile
+  assert len(_compiles_of(lambda: m(params, first, quant_key=key, loss_delta=True))) == 1
+  assert _compiles_of(lambda: m(params, second, quant_key=key, loss_delta=True)) == []
+  other = _batches(1, rows=16)[0]  # a new batch shape: one more
+  assert len(_compiles_of(lambda: m(params, other, quant_key=key, loss_delta=True))) == 1
+
+
+def test_a_selected_forward_runs_one_product_per_gemm():
+  """Each quantized GEMM of the loss-delta forward is a cond between its quantized and its
+  high-precision product (one runs), not a select of both."""
+  params, batch = _params(3), _batches(1)[0]
+  call = lambda p, b: quant.quantized(_loss, RECIPE)(p, b, quant_key=jax.random.key(1))
+  sites = discover(call, params, batch)
+  jaxpr = jax.make_jaxpr(selected_loss(call, sites))(0, 0, params, batch)
+  conds = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "cond"]
+  assert len(conds) == len(sites) == 3
+
+
+def test_loss_delta_equals_the_policy_that_keeps_every_other_site():
+  params, batch = _params(4), _batches(1)[0]
+  key = jax.random.key(3)
+  hp = quant.QuantPolicy(recipe=RECIPE).high_precision
+  t = quant.site_stats(quant.quantized(_loss, RECIPE), params, batch, quant_key=key,
+                       loss_delta=True)
+  run = lambda rules: float(quant.quantized(_loss, quant.QuantPolicy(recipe=RECIPE, rules=rules))(
+      params, batch, quant_key=key))
+  none = run((("^l[0-9]$", hp),))
+  assert t.hp_loss == none
+  deltas = {r["path"]: r["loss_delta"] for r in t.rows}
+  assert sorted(deltas) == ["l0", "l1", "l2", "l3"]
+  for path, delta in deltas.items():
+    assert delta == run(((f"^(?!{path}$)l[0-9]$", hp),)) - none, path
+
+
+def test_the_advisors_statistics_run_no_quantizer_again():
+  """operand_stats=False (the advisor's): the products' statistics, grad_noise_ratio and the
+  counts bit-identical to the full measurement's, and no quantizer of the statistics in the
+  lowered function (the full one quantizes every operand again)."""
+  import re
+
+  from lpjax.quant.monitor.observer import SINK_FIELDS
+  from lpjax.quant.monitor.site_stats import measured_value_and_grad
+
+  params, batch = _params(2), _batches(1)[0]
+  call = lambda p, b: quant.quantized(_loss, RECIPE)(p, b, quant_key=jax.random.key(1))
+  sites = discover(call, params, batch)
+  fns = {flag: jax.jit(measured_value_and_grad(call, sites, operand_stats=flag))
+         for flag in (True, False)}
+  requantized = {flag: len(re.findall(r"call @_quantize_xla", f.lower(params, batch).as_text()))
+                 for flag, f in fns.items()}
+  assert requantized[False] == 0 < requantized[True], requantized
+  (_, _, full), (_, _, lean) = fns[True](params, batch), fns[False](params, batch)
+  own = [i for i, f in enumerate(SINK_FIELDS) if f.count(".") < 2]  # not an operand's field
+  for k in sites:
+    a, b = np.asarray(full[k]), np.asarray(lean[k])
+    assert a[:, own].tobytes() == b[:, own].tobytes()
