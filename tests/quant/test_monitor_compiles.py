@@ -53,6 +53,8 @@ def _compiles_of(fn):
 
 @pytest.mark.parametrize("layers", [1, 3])
 def test_the_measurer_compiles_once_per_batch_shape_whatever_the_number_of_sites(layers):
+  from lpjax.quant.codec import factor_tables
+  factor_tables.e8m0_rows()  # the per-process constant tables, built op by op once per process
   params = _params(layers)
   m = Measurer(quant.quantized(_loss, RECIPE))
   key = jax.random.key(1)
@@ -113,3 +115,20 @@ def test_the_advisors_statistics_run_no_quantizer_again():
   for k in sites:
     a, b = np.asarray(full[k]), np.asarray(lean[k])
     assert a[:, own].tobytes() == b[:, own].tobytes()
+
+
+def test_rows_without_operand_statistics_read_nan_never_exact():
+  """Measurer(operand_stats=False): the operand fields were not measured, so every row reads NaN
+  there and its status is the product's ("ok"), never "exact" (an inf snr of zero sums)."""
+  import math
+
+  from lpjax.quant.monitor.site_stats import Measurer
+
+  params, batch = _params(2), _batches(1)[0]
+  rows = Measurer(_loss, RECIPE, operand_stats=False)(params, batch,
+                                                        quant_key=jax.random.key(1)).rows
+  assert rows
+  for r in rows:
+    assert r["status"] == "ok", r
+    assert math.isnan(r["snr_db"]) and math.isnan(r["rel_err"]), r
+    assert math.isfinite(r["out_snr_db"]) and math.isfinite(r["grad_noise_ratio"]), r

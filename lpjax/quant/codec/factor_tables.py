@@ -25,8 +25,11 @@ Examples:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lpjax.quant.codec import fast_elements as fast
 from lpjax.quant.codec import scales_exact as sc
@@ -52,12 +55,30 @@ def _rows(s_bits, m_bits, bad):
                     nan], axis=-1)
 
 
-def e8m0_rows():
-  """Rows of every e8m0 byte (k = byte - 127; 0xFF is the NaN group), a compile-time constant."""
+@functools.lru_cache(maxsize=None)
+def _e8m0_table() -> np.ndarray:
+  # evaluated op by op (each float operation rounded on its own, as in the per-group code), once
+  # per process: every later trace reuses the numbers instead of dispatching ~26 eager ops again
   with jax.ensure_compile_time_eval():
     byte = jnp.arange(_BYTES, dtype=jnp.int32)
     k = jnp.minimum(byte, 254) - 127
-    return _rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN)
+    return np.asarray(_rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN))
+
+
+def e8m0_rows():
+  """Rows of every e8m0 byte (k = byte - 127; 0xFF is the NaN group), a compile-time constant."""
+  return jnp.asarray(_e8m0_table())
+
+
+@functools.lru_cache(maxsize=None)
+def _ue4m3_unit_table() -> np.ndarray:
+  # the rows without a tensor scale (S_enc = 1), op by op once per process, as `_e8m0_table`
+  with jax.ensure_compile_time_eval():
+    byte = jnp.arange(_BYTES, dtype=U32)
+    s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
+    one = U32(sc.f32_const_bits(1.0))
+    return np.asarray(_rows(*fast_scales._float_tail(s_b_val, one, U32(0), False),
+                            byte == sc.UE4M3_NAN))
 
 
 def ue4m3_rows(s_enc_bits, amax_t_bits, use_tensor_scale: bool, scale_bytes=None):
@@ -72,11 +93,7 @@ def ue4m3_rows(s_enc_bits, amax_t_bits, use_tensor_scale: bool, scale_bytes=None
   constant.
   """
   if not use_tensor_scale:
-    with jax.ensure_compile_time_eval():
-      byte = jnp.arange(_BYTES, dtype=U32)
-      s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
-      one = U32(sc.f32_const_bits(1.0))
-      rows = _rows(*fast_scales._float_tail(s_b_val, one, U32(0), False), byte == sc.UE4M3_NAN)
+    rows = jnp.asarray(_ue4m3_unit_table())
     return rows, None if scale_bytes is None else scale_bytes()
   amax_t_bits = jnp.reshape(amax_t_bits, ()).astype(U32)
   s_enc_bits = jnp.reshape(s_enc_bits, ()).astype(U32)

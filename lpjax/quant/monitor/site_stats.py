@@ -19,6 +19,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -200,11 +201,14 @@ class Measurer:
       hp_loss = float(losses[0])
       for (key, b), value in zip(chosen[1:], losses[1:]):
         deltas[(key, b)] = float(value) - hp_loss
-    return SiteStats(rows=_rows(sites, jax.device_get(stats), deltas), loss=loss, grads=grads,
+    return SiteStats(rows=_rows(sites, jax.device_get(stats), deltas, self.operand_stats),
+                     loss=loss, grads=grads,
                      hp_loss=hp_loss)
 
 
-def _rows(sites: dict, stats: dict, deltas: dict) -> list:
+def _rows(sites: dict, stats: dict, deltas: dict, operand_stats: bool = True) -> list:
+  """One row per (site, block, operand). Without `operand_stats` the operand fields were not
+  measured: they read NaN, and the status reads the product's (never "exact")."""
   rows = []
   for key, info in sites.items():
     values = np.asarray(stats[key])
@@ -214,9 +218,10 @@ def _rows(sites: dict, stats: dict, deltas: dict) -> list:
                   flops=info.flops, in_loop=info.in_loop)
       v = {f: float(x) for f, x in zip(obs.SINK_FIELDS, values[b])}
       for gemm, operand, reuses in info.operands:
+        prefix = f"{gemm}.{operand}"
         row = dict(site, gemm=gemm, operand=operand, reuses_fwd=reuses,
-                   status=sink_lib.status(v, f"{gemm}.{operand}"))
-        row.update({s: v[f"{gemm}.{operand}.{s}"] for s in STATS})
+                   status=sink_lib.status(v, prefix if operand_stats else None))
+        row.update({s: v[f"{prefix}.{s}"] if operand_stats else math.nan for s in STATS})
         row["out_snr_db"] = v[f"{gemm}.out_snr_db"]
         row["grad_noise_ratio"] = v["grad_noise_ratio"]
         # a site that never ran changes no loss: its loss_delta is not a measurement
