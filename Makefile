@@ -71,7 +71,7 @@ venv-dev: check-venv $(VENV)/.installed-dev
 
 # XLA:CPU allocates each program's buffers afresh at every call; with this glibc tunable they come
 # in 2 MiB transparent huge pages instead of being faulted in 4 KiB at a time, and CPU steps run
-# about a fifth faster (lpjax/train/_process.py, cpu_allocator_hint; docs/gemm.md). Ignored by
+# about a fifth faster (lpjax/train/loop/_process.py, cpu_allocator_hint; docs/gemm.md). Ignored by
 # glibc before 2.35 and by other C libraries; a value already in the environment wins.
 GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 export GLIBC_TUNABLES

@@ -47,7 +47,7 @@ def _parse_flags(argv):
   and added in main(), so that lpjax.train.validate names them with the fix."""
   from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-  from lpjax.train import _cli
+  from lpjax.train.cli import _cli
 
   path, config = _cli.config_path_of(argv), None
   if path is not None:
@@ -74,10 +74,10 @@ def main(argv):
     _user_error("Flag error", f"unexpected arguments {argv[1:]}: flags take the form --name=value "
                 "(--config.optimizer.lr=2e-3, --workdir=runs/x).")
   from lpjax.train import CheckpointWriteError, ConfigError
-  from lpjax.train import _cli
+  from lpjax.train.cli import _cli
 
   if _PRINT_CONFIG.value:  # before JAX or logging start
-    from lpjax.train._validate import check_keys_and_types
+    from lpjax.train.schema._validate import check_keys_and_types
     try:
       config = _cli.add_overrides(_CONFIG.value, _UNKNOWN_OVERRIDES)
       check_keys_and_types(config)
@@ -116,7 +116,7 @@ def main(argv):
           "resumes it: run the same command again.")
     sys.exit(128 + results["signal"] if results.get("signal") else 0)
   from lpjax.train import tensorboard_command
-  from lpjax.train._results import format_summary
+  from lpjax.train.outputs._results import format_summary
 
   python = os.path.relpath(sys.executable)
   python = python if not python.startswith("..") else "python"

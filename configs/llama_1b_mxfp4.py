@@ -8,7 +8,7 @@ Needs c4/en prepared as array_record (`tfds build c4/en --file_format=array_reco
 default tfrecord format with TensorFlow installed (`pip install -e '.[tf]'`; read through tf.data),
 and T5's SentencePiece model (vocab 32000); see docs/numerics.md §10 for the paper settings.
 
-Per-device memory, XLA's estimate (benchmarks/llama_memory.py --licm=off, docs/results.md
+Per-device memory, XLA's estimate (benchmarks/memory/llama_memory.py --licm=off, docs/results.md
 "Memory"): 2.51 GiB with remat, 0.593x of the same run with FP32 Adam and no quantization; with
 --config.model.remat=False 6.28 GiB (FP4-packed GEMM residuals; 0.487x), which also fits a
 40 GB A100 and skips the recomputation. The bf16 master weights, bf16 gradient accumulators and

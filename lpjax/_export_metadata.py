@@ -24,8 +24,8 @@ def export_metadata(config, workdir: str) -> tuple[dict, int | None, dict]:
   from lpjax.data import get_tokenizer  # noqa: PLC0415
   from lpjax.models import hf_llama  # noqa: PLC0415
   from lpjax.models._hf_tokenizer import byte_tokenizer_files, tokenizer_files_in  # noqa: PLC0415
-  from lpjax.train._preflight import _max_seq_len  # noqa: PLC0415
-  from lpjax.train._tasks.lm import init_checkpoint  # noqa: PLC0415
+  from lpjax.train.schema._preflight import _max_seq_len  # noqa: PLC0415
+  from lpjax.train.tasks.lm import init_checkpoint  # noqa: PLC0415
 
   max_positions = int(config.model.max_seq_len) or None
   source = init_checkpoint(config, workdir)

@@ -18,7 +18,7 @@ advised policy (quoted for a shell), and writes those lines to --out (one flag a
 With an int or float budget the run's own policy is measured: the sites it keeps by name stay
 kept, and the advisor chooses among the others (add --config.quant.policy=pure to choose among
 all). The advice is `quant.rules` (one "^<path>$->high_precision_recipe" rule per kept site, ahead
-of the run's own rules; lpjax/train/_quant_rules.py has the grammar).
+of the run's own rules; lpjax/train/schema/_quant_rules.py has the grammar).
 
 Examples:
   python -m lpjax.advise --config=configs/llama_tiny_mxfp4.py --workdir=runs/llama_tiny_mxfp4 \\
@@ -89,7 +89,7 @@ def parse_budget(text: str):
 def config_lines(policy, *, pure: bool) -> tuple[str, ...]:
   """The flags that make train.py build `policy`'s rules (and quant.policy=pure when `pure`), as
   argv items (unquoted: `shell_line` quotes them for a shell)."""
-  from lpjax.train._quant_rules import format_rules  # noqa: PLC0415
+  from lpjax.train.schema._quant_rules import format_rules  # noqa: PLC0415
 
   lines = ("--config.quant.policy=pure",) if pure else ()
   return lines + (f"--config.quant.rules={format_rules(policy.rules)}",)
@@ -205,7 +205,8 @@ def load_config(argv):
   from ml_collections import config_flags  # noqa: PLC0415
   from ml_collections.config_flags.config_flags import ConfigFileFlagParser  # noqa: PLC0415
 
-  from lpjax.train import ConfigError, _cli  # noqa: PLC0415
+  from lpjax.train import ConfigError  # noqa: PLC0415
+  from lpjax.train.cli import _cli  # noqa: PLC0415
 
   path = _cli.config_path_of(argv)
   if path is None:

@@ -52,9 +52,9 @@ def load_run(workdir: str):
 
   from lpjax.models import llama  # noqa: PLC0415
   from lpjax.train import PrecisionController, make_optimizer  # noqa: PLC0415
-  from lpjax.train._checkpoint import Checkpointer  # noqa: PLC0415
-  from lpjax.train._step import init_state  # noqa: PLC0415
-  from lpjax.train._tasks.lm import llama_config_of  # noqa: PLC0415
+  from lpjax.train.state._checkpoint import Checkpointer  # noqa: PLC0415
+  from lpjax.train.step._step import init_state  # noqa: PLC0415
+  from lpjax.train.tasks.lm import llama_config_of  # noqa: PLC0415
 
   config_path = os.path.join(workdir, "config.json")
   if not os.path.isfile(config_path):

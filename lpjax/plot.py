@@ -14,7 +14,7 @@ gap, and the panel says so); without one, each run's evaluation loss with its qu
 relative to the same weights in full precision. A table of the last numbers is printed too.
 
 Runs that differ in more than the recipe (steps, optimizer and schedule, data, batch, seed, model,
-evaluation: the keys of their config.json that `lpjax.train._run_compare.compared` names) are
+evaluation: the keys of their config.json that `lpjax.train.outputs._run_compare.compared` names) are
 compared all the same, with a warning that names each differing key and its values, printed and
 written on the figure.
 
@@ -44,7 +44,7 @@ import math
 import os
 import sys
 
-from lpjax.train._run_compare import differences, flatten, read_config
+from lpjax.train.outputs._run_compare import differences, flatten, read_config
 
 FULL_PRECISION = ("bf16", "fp32")
 NO_COMMON_STEPS = ("no step at which both a run and the baseline evaluated:\nno gap to draw "

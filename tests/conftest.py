@@ -12,7 +12,7 @@ if "xla_force_host_platform_device_count" not in _flags:
 
 import jax  # noqa: E402  (must come after the environment above)
 
-# LPJAX_TEST_CACHE_DIR overrides the cache folder (benchmarks/speed_report.py --suite: a cold run).
+# LPJAX_TEST_CACHE_DIR overrides the cache folder (benchmarks/speed/speed_report.py --suite: a cold run).
 _CACHE_DIR = (os.environ.get("LPJAX_TEST_CACHE_DIR")
               or os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"))
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)

@@ -12,7 +12,7 @@ import pytest
 
 from lpjax import advise as cli
 from lpjax.train import build_policy, validate
-from lpjax.train._quant_rules import parse_rules
+from lpjax.train.schema._quant_rules import parse_rules
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "llama_tiny_mxfp4.py")

@@ -253,7 +253,7 @@ def test_the_checker_finds_circles_and_upward_arrows():
   assert not _violation("lpjax.quant.gemm.operand", "lpjax.quant.codec.qarray")
   assert not _violation("lpjax.pallas._ops", "lpjax.quant.codec.scales_exact")
   assert not _violation("lpjax", "lpjax.pallas")
-  assert not _violation("lpjax.train._trainer", "lpjax.models.llama")
+  assert not _violation("lpjax.train.loop._trainer", "lpjax.models.llama")
 
 
 # --- a repository that stands on its own ------------------------------------------------------

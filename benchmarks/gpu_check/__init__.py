@@ -28,7 +28,7 @@ Stages:
      odd shapes; partitioned over several devices and under shard_map;
   d. bandwidth: each kernel's GB/s on 64M and 256M float32 elements as a fraction of a same-size
      device copy measured in the same process, the XLA path beside it;
-  e. GEMM overhead: benchmarks/gemm_overhead.py's SwiGLU MLP per recipe vs bf16, Pallas and XLA
+  e. GEMM overhead: benchmarks/speed/gemm_overhead.py's SwiGLU MLP per recipe vs bf16, Pallas and XLA
      quantizers, at LLaMA-1B's width with ff = 5632 (the kernels' real tiles, no pad copies);
   f. whole steps: LLaMA-60M and 130M train steps, tokens/s per recipe, compile time, peak device
      memory from the device's own statistics (each run in its own process, with

@@ -1,5 +1,5 @@
 """Stage d: GB/s of each Pallas kernel and of the XLA path on 64M and 256M float32 elements, as a
-fraction of a same-size device copy measured in the same process (benchmarks/pallas_quant.py's
+fraction of a same-size device copy measured in the same process (benchmarks/speed/pallas_quant.py's
 method: the bytes an op must read and write once, median of timed runs after a warm-up).
 
 Goals (issue 38): Pallas quantize RTN >= 70% of the copy's bandwidth, SR >= 60%.

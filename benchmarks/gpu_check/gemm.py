@@ -1,4 +1,4 @@
-"""Stage e: GEMM overhead on the device. benchmarks/gemm_overhead.py's SwiGLU MLP block, forward
+"""Stage e: GEMM overhead on the device. benchmarks/speed/gemm_overhead.py's SwiGLU MLP block, forward
 and backward, per recipe as a ratio to bf16 measured in the same interleaved rounds, with the
 operand quantizers from the Pallas kernels (impl="auto" on a GPU) and from the XLA path
 (LPJAX_PALLAS_AUTO=0, read when a step is traced). Every (recipe, quantizers) is a case of its
@@ -54,8 +54,9 @@ def run(rec, dry_run: bool) -> None:
   from benchmarks.gpu_check import _timing
   from benchmarks.gpu_check._record import in_order
 
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  import gemm_overhead  # benchmarks/gemm_overhead.py (it imports benchmarks/timing.py)
+  sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
+                  for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
+  import gemm_overhead  # benchmarks/speed/gemm_overhead.py (it imports benchmarks/speed/timing.py)
 
   gpu = jax.default_backend() == "gpu"
   tokens, d, ff, rounds = shapes(dry_run)
@@ -107,7 +108,7 @@ def run(rec, dry_run: bool) -> None:
     rec.check(f"{recipe} ({impl} quantizers) compiles and runs", False,
               f"{type(e).__name__}: {e}"[:500])
   times = {c: [] for c in steps}
-  for r in range(rounds):  # interleaved rounds, rotated by one each round (benchmarks/timing.py)
+  for r in range(rounds):  # interleaved rounds, rotated by one each round (benchmarks/speed/timing.py)
     if rec.out_of_time(f"timing round {r + 1} of {rounds}"):
       break
     order = list(times)

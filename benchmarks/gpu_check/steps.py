@@ -6,7 +6,7 @@ fits (tried from large to small; out of memory moves to the next).
 
 Each run is its own process (`python -m benchmarks.gpu_check.steps SPEC RESULT`): the peak is
 that run's alone, and an out-of-memory error cannot spoil the next run. The step is the trainer's
-(benchmarks/llama_step.py's setup, with a real state and random tokens instead of a dataset).
+(benchmarks/speed/llama_step.py's setup, with a real state and random tokens instead of a dataset).
 This stage's own process never starts a JAX backend, so it holds no device memory.
 """
 
@@ -49,7 +49,8 @@ def plan(dry_run: bool):
 
 
 def _load_config(path):
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                  for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
   from llama_step import load_config
   return load_config(os.path.join(ROOT, path))
 
@@ -63,12 +64,12 @@ def build_step(spec: dict):
   import numpy as np
 
   from lpjax.models import llama
-  from lpjax.train import _sharding as shd
+  from lpjax.train.step import _sharding as shd
   from lpjax.train import config as cfg_lib
-  from lpjax.train._optimizers import make_optimizer
-  from lpjax.train._precision import build_policy
-  from lpjax.train._step import init_state, make_train_step
-  from lpjax.train._tasks.lm import llama_config_of, lm_loss
+  from lpjax.train.step._optimizers import make_optimizer
+  from lpjax.train.step._precision import build_policy
+  from lpjax.train.step._step import init_state, make_train_step
+  from lpjax.train.tasks.lm import llama_config_of, lm_loss
 
   config = _load_config(spec["config"])
   with config.unlocked():

@@ -38,7 +38,7 @@ from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
 
-# Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh).
+# Logical axes of the parameters, by path (lpjax.train.step._sharding maps them onto the mesh).
 PARTITION_RULES = (
     (r"embed/embedding", ("vocab", "embed")),
     (r"(q_proj|k_proj|v_proj)/kernel", ("embed", "heads")),

@@ -52,7 +52,7 @@ STEM_PATTERN = r"(^|/)stem(/|$)"
 KEEP_HIGH_PRECISION = (STEM_PATTERN,)  # what this model adds to the policy's kept layers
 
 # Logical axes of the parameters, by path. None of these names is mapped onto a mesh axis by
-# lpjax.train._sharding.LOGICAL_RULES, so every ResNet weight is replicated (data parallelism: the
+# lpjax.train.step._sharding.LOGICAL_RULES, so every ResNet weight is replicated (data parallelism: the
 # batch is what gets split).
 PARTITION_RULES = (
     (r"(stem|conv\d|shortcut)/kernel", ("conv_window", "conv_window", "conv_in", "conv_out")),

@@ -45,7 +45,7 @@ from lpjax.quant import QuantPolicy
 # the default keeps' "embed".
 KEEP_HIGH_PRECISION = (r"(^|/)(conv_in|conv_out)(/|$)",)
 
-# Logical axes of the parameters, by path (lpjax.train._sharding maps them onto the mesh). Convs
+# Logical axes of the parameters, by path (lpjax.train.step._sharding maps them onto the mesh). Convs
 # (and everything not listed) stay replicated: the largest kernel, 3x3x512x256, is 4.7 MB.
 PARTITION_RULES = (
     (r"time_embed/dense0/kernel", ("embed", "mlp")),

@@ -3,7 +3,7 @@
 A model calls `constrain(x, ("batch", "length", "act_embed"))` on its activations. Outside an
 `activation_sharding(...)` context this does nothing, so models stay mesh-agnostic (notebooks, one
 device). The trainer traces its steps inside the context with a resolver from
-`lpjax.train._sharding.activation_resolver(mesh)`, and every hint becomes a
+`lpjax.train.step._sharding.activation_resolver(mesh)`, and every hint becomes a
 `jax.lax.with_sharding_constraint`. Without the hints XLA's sharding propagation is free to
 replicate activations: under FSDP (batch and weights both split over the `fsdp` axis) it computed
 the whole microbatch on every device (8x the activations and the FLOPs on 8 devices).

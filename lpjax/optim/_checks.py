@@ -28,7 +28,7 @@ def check_hyperparameters(optimizer: str, *, decays=None, eps=None, total_steps=
                           reset_interval=None, dtypes=None, nonnegative=None, unit=None):
   """Raises ValueError naming the first bad argument of `optimizer`.
 
-  The same ranges as the trainer's config validation (lpjax/train/_validate.py): decays in
+  The same ranges as the trainer's config validation (lpjax/train/schema/_validate.py): decays in
   [0, 1), eps > 0, and the `nonnegative` arguments (learning rate, weight decay, ...) finite and
   >= 0; `unit` arguments in [0, 1]. A learning rate may also be a schedule (not checked).
   """

@@ -20,14 +20,14 @@ from lpjax.train.config import TASKS, ConfigError, base_config, llama_config, va
 
 # name -> private module that defines it (imported on first access)
 _LAZY = {
-    "Trainer": "_trainer", "TrainingError": "_trainer", "setup_logging": "_process",
-    "use_compilation_cache": "_process",
-    "PrecisionController": "_precision", "PrecisionSchedule": "_precision",
-    "ScheduleState": "_precision", "build_policy": "_precision",
-    "make_optimizer": "_optimizers", "learning_rate_schedule": "_optimizers",
-    "decay_mask": "_optimizers", "make_task": "_tasks", "Task": "_tasks",
-    "CheckpointWriteError": "_checkpoint", "WorkdirInUse": "_workdir_lock",
-    "tensorboard_command": "_metrics",
+    "Trainer": "loop._trainer", "TrainingError": "loop._trainer", "setup_logging": "loop._process",
+    "use_compilation_cache": "loop._process",
+    "PrecisionController": "step._precision", "PrecisionSchedule": "step._precision",
+    "ScheduleState": "step._precision", "build_policy": "step._precision",
+    "make_optimizer": "step._optimizers", "learning_rate_schedule": "step._optimizers",
+    "decay_mask": "step._optimizers", "make_task": "tasks", "Task": "tasks",
+    "CheckpointWriteError": "state._checkpoint", "WorkdirInUse": "state._workdir_lock",
+    "tensorboard_command": "outputs._metrics",
 }
 
 __all__ = ["CheckpointWriteError", "ConfigError", "PrecisionController", "PrecisionSchedule",
@@ -39,7 +39,7 @@ __all__ = ["CheckpointWriteError", "ConfigError", "PrecisionController", "Precis
 
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir` (resuming from its checkpoints); returns the results dict."""
-  from lpjax.train._trainer import train_and_evaluate as run
+  from lpjax.train.loop._trainer import train_and_evaluate as run
 
   return run(config, workdir)
 

@@ -30,10 +30,10 @@ import os
 import ml_collections
 
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._config_schema import (IMAGE_SOURCES, OPTIMIZERS, RESUME_CHOICES, STATE_DTYPES,
+from lpjax.train.schema._config_schema import (IMAGE_SOURCES, OPTIMIZERS, RESUME_CHOICES, STATE_DTYPES,
                                         TASKS, TEXT_SOURCES, VISION_MODELS, ConfigError, base_config,
                                         flat_keys, optimizer_defaults, task_keys, tasks_of)
-from lpjax.train._validate import parse_schedule, validate
+from lpjax.train.schema._validate import parse_schedule, validate
 
 __all__ = ["IMAGE_SOURCES", "LLAMA_SIZES", "OPTIMIZERS", "RESUME_CHOICES", "STATE_DTYPES", "TASKS",
            "TEXT_SOURCES", "VISION_MODELS", "ConfigError", "base_config", "flat_keys", "llama_config",

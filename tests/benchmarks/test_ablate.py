@@ -1,4 +1,4 @@
-"""benchmarks/ablate.py: listing, dry runs that validate, planning, a micro sweep end to end
+"""benchmarks/sweeps/ablate.py: listing, dry runs that validate, planning, a micro sweep end to end
 (the statistics: test_ablate_report.py)."""
 
 import json
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import ablate  # noqa: E402
 import ablate_sweeps as sweeps  # noqa: E402

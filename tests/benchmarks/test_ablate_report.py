@@ -1,4 +1,4 @@
-"""benchmarks/ablate_report.py and run_machine.py: the tables' statistics against hand-computed
+"""benchmarks/sweeps/ablate_report.py and run_machine.py: the tables' statistics against hand-computed
 numbers, and which runs a table may compare (machine fingerprints)."""
 
 import json
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import ablate  # noqa: E402
 import ablate_report as report  # noqa: E402

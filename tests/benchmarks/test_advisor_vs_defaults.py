@@ -1,4 +1,4 @@
-"""benchmarks/advisor_vs_defaults.py: the run grid's commands and its table (no training)."""
+"""benchmarks/studies/advisor_vs_defaults.py: the run grid's commands and its table (no training)."""
 
 import argparse
 import os
@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 import advisor_vs_defaults as bench  # noqa: E402
 
 

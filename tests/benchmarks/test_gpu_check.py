@@ -277,7 +277,8 @@ def kernels_as_on_a_gpu(monkeypatch):
 
 @pytest.mark.slow
 def test_the_stage_e_and_f_steps_lower_with_the_kernels_for_cuda(kernels_as_on_a_gpu):
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                  for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
   import gemm_overhead
   bf16 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
   tokens, d, ff, _ = gemm.shapes(False)  # stage e's MLP on a GPU
@@ -311,7 +312,8 @@ def _failing_for(fmt_or_recipe, real):
 def test_stage_e_records_each_recipe_on_its_own(monkeypatch, tmp_path):
   """A (recipe, quantizers) case that fails to compile is that case's failure: bf16 is still
   compiled and timed, and the stage ends normally (it used to end at the first error)."""
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                  for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
   import gemm_overhead
   monkeypatch.setattr(gemm_overhead, "make_step", _failing_for("mxfp4", gemm_overhead.make_step))
   rec = _record.Recorder(str(tmp_path / "e.json"), "gemm", deadline=None, dry_run=True)

@@ -40,7 +40,7 @@ def test_the_bundle_holds_the_source_and_pure_wheels_and_runs_the_check(tmp_path
   assert manifest["total_bytes"] < 5e6  # the source and two small wheels
   src = bundle / "lpjax"
   for rel in ("lpjax/__init__.py", "lpjax/pallas/_rht.py", "benchmarks/gpu_check/__main__.py",
-              "benchmarks/gemm_overhead.py", "configs/llama_60m_mxfp4.py",
+              "benchmarks/speed/gemm_overhead.py", "configs/llama_60m_mxfp4.py",
               "scripts/gpu_bundle.py", "Makefile"):
     assert (src / rel).is_file(), rel
   assert not (src / "tests").exists() and not (src / "docs").exists()

@@ -1,4 +1,4 @@
-"""benchmarks/hlo_collectives.py: bytes of the collectives of compiled HLO, times loop trips."""
+"""benchmarks/memory/hlo_collectives.py: bytes of the collectives of compiled HLO, times loop trips."""
 
 import os
 import sys
@@ -9,7 +9,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 from hlo_collectives import collective_bytes  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""benchmarks/hlo_fingerprint.py: only what changes the program changes the fingerprint."""
+"""benchmarks/common/hlo_fingerprint.py: only what changes the program changes the fingerprint."""
 
 import os
 import sys
@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 from hlo_fingerprint import fingerprint, program_text  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""benchmarks/llama_memory.py (the JSON contract, what it measures) and benchmarks/sharding_hints.py."""
+"""benchmarks/memory/llama_memory.py (the JSON contract, what it measures) and benchmarks/memory/sharding_hints.py."""
 
 import json
 import os
@@ -8,14 +8,15 @@ import sys
 import jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import llama_memory  # noqa: E402
 
 
 def test_last_line_is_the_json_result_and_record_holds_its_figures(tmp_path):
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "llama_memory.py"),
+      [sys.executable, os.path.join(ROOT, "benchmarks", "memory", "llama_memory.py"),
        "--config=configs/llama_tiny_mxfp4.py", "--devices=8", "--vocab=512", "--record=tiny_mem"],
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
       env=dict(os.environ, LPJAX_RECORDS_DIR=str(tmp_path))).stdout
@@ -29,7 +30,7 @@ def test_last_line_is_the_json_result_and_record_holds_its_figures(tmp_path):
   assert figures["per_device_gib"] == result["per_device_bytes"] / 2**30
   assert figures["baseline_gib"] == result["baseline_per_device_bytes"] / 2**30
   assert figures["ratio"] == result["ratio"]
-  assert record["command"] == ("python benchmarks/llama_memory.py --config=configs/llama_tiny_mxfp4.py "
+  assert record["command"] == ("python benchmarks/memory/llama_memory.py --config=configs/llama_tiny_mxfp4.py "
                                "--devices=8 --vocab=512 --record=tiny_mem")
 
 
@@ -53,7 +54,7 @@ def test_remat_and_fsdp_lower_the_per_device_memory():
   # The breakdown, re-derived: FP32 Adam on one device holds 4 bytes per parameter, m and v 4
   # each (plus its step count); parameters + optimizer state are the arguments but the batch.
   from lpjax.models import llama
-  from lpjax.train._tasks.lm import llama_config_of
+  from lpjax.train.tasks.lm import llama_config_of
   n = sum(a.size for a in jax.tree.leaves(jax.eval_shape(
       lambda: llama.init_params(llama_config_of(one, 512), jax.random.key(0)))))
   assert parts_one["parameters"] == parts_one["gradients"] == 4 * n
@@ -69,7 +70,7 @@ def test_remat_and_fsdp_lower_the_per_device_memory():
 
 def test_sharding_hints_benchmark_runs():
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "benchmarks", "sharding_hints.py"), "--devices=8",
+      [sys.executable, os.path.join(ROOT, "benchmarks", "memory", "sharding_hints.py"), "--devices=8",
        "--recipe=bf16", "--optimizer=adamw", "--batch_size=16", "--seq_len=32", "--repeats=1"],
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
   result = json.loads(out.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""benchmarks/operand_telemetry.py: every quantized operand of every QDense is reported, per block,
+"""benchmarks/studies/operand_telemetry.py: every quantized operand of every QDense is reported, per block,
 and the forward weight statistics match the numpy oracle's quantization of the restored weights."""
 
 import os
@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 sys.path.insert(0, os.path.join(ROOT, "tests", "quant"))
 
 import numpy_oracle as O  # noqa: E402
 import operand_telemetry as telemetry  # noqa: E402
 
 from config_helpers import small  # noqa: E402
-from lpjax.train._trainer import Trainer  # noqa: E402
+from lpjax.train.loop._trainer import Trainer  # noqa: E402
 
 DENSE = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj", "mlp/gate_proj",
          "mlp/up_proj", "mlp/down_proj")

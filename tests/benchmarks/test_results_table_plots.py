@@ -1,4 +1,4 @@
-"""benchmarks/results_table_plots.py: the table parser against a hand-written snippet, every bar
+"""benchmarks/sweeps/results_table_plots.py: the table parser against a hand-written snippet, every bar
 chart of docs/results.md has a parseable table above it, and the drawn chart has error bars only
 where n > 1 (matplotlib only for the drawing tests)."""
 
@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import ablate_report  # noqa: E402
 import results_table_plots as rtp  # noqa: E402

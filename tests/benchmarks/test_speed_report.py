@@ -1,4 +1,4 @@
-"""benchmarks/speed_report.py: the speed table's structure (`--quick`: sizes too small to mean
+"""benchmarks/speed/speed_report.py: the speed table's structure (`--quick`: sizes too small to mean
 anything), its rows' figures positive and finite, and its helpers. No timing is asserted."""
 
 import doctest
@@ -12,7 +12,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
+                for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import speed_report  # noqa: E402
 import speed_rows  # noqa: E402
@@ -24,7 +25,7 @@ def _run_quick(tmp_path, rows):
   out = tmp_path / "speed.json"
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "speed_report.py"),
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "speed", "speed_report.py"),
                          "--quick", f"--rows={rows}", f"--json={out}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -150,7 +150,7 @@ def test_eval_batches_are_fixed(c4_mock):
 @needs_tf
 def test_trainer_reads_c4_through_tf_data(c4_mock, tmp_path):
   from config_helpers import small
-  from lpjax.train._trainer import Trainer
+  from lpjax.train.loop._trainer import Trainer
 
   c = small(steps=2, **{"data.source": "tfds", "data.tfds_name": "c4/en",
                         "data.tfds_reader": "tf_data", "data.prefetch": 2})

@@ -176,7 +176,7 @@ def hf300(tmp_path):
 
 
 def test_a_checkpoint_vocabulary_larger_than_the_tokenizers_warns(hf300):
-  from lpjax.train._tasks.lm import llama_config_of
+  from lpjax.train.tasks.lm import llama_config_of
 
   with pytest.warns(UserWarning, match="300 tokens, the data's tokenizer 257"):
     cfg = llama_config_of(_task_config(hf300), 257)
@@ -186,7 +186,7 @@ def test_a_checkpoint_vocabulary_larger_than_the_tokenizers_warns(hf300):
 @pytest.mark.parametrize("case,match", [("shard", "names 1 safetensors file.*not there"),
                                         ("tensor", "missing \\(1\\): model.norm.weight")])
 def test_a_missing_shard_or_tensor_is_one_config_error(tmp_path, case, match):
-  from lpjax.train._tasks.lm import LanguageModelTask
+  from lpjax.train.tasks.lm import LanguageModelTask
 
   path = tmp_path / "hf"
   _hf_checkpoint(path, drop="model.norm.weight" if case == "tensor" else None,

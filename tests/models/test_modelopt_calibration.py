@@ -16,7 +16,7 @@ from config_helpers import config_file, override  # noqa: E402
 from lpjax import export as lpexport  # noqa: E402
 from lpjax import quant  # noqa: E402
 from lpjax.models import hf_llama, llama  # noqa: E402
-from lpjax.train._tasks import make_task  # noqa: E402
+from lpjax.train.tasks import make_task  # noqa: E402
 
 N = 2
 CFG = llama.LlamaConfig(vocab_size=257, hidden=64, intermediate=96, heads=4, layers=2,

@@ -214,7 +214,7 @@ def test_training_on_digits_reduces_the_loss(tiny):
 
 
 def test_partition_rules_cover_every_variable_and_replicate():
-  from lpjax.train import _sharding as sharding
+  from lpjax.train.step import _sharding as sharding
 
   _, params, stats = resnet.abstract_model(resnet.ResNetConfig(name="resnet50"))
   mesh = sharding.make_mesh(2, 4, 1)

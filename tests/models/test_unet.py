@@ -11,7 +11,7 @@ from flax import nnx
 from lpjax.models import diffusion, unet
 from lpjax.models.unet import abstract_model, apply, init_params, num_params, unet_cifar10, unet_tiny
 from lpjax.quant import QuantPolicy
-from lpjax.train import _sharding as sharding
+from lpjax.train.step import _sharding as sharding
 
 TINY = unet_tiny(image_size=8, channels=1)
 KEY = jax.random.key(0)
@@ -176,7 +176,7 @@ def smooth_images(n, size, key):
 def test_quantized_training_steps_lower_the_loss_also_in_fp32_validation():
   # One level and plain MXFP4 (E8M0 scales, RTN, all three GEMMs) keep the CPU compile short (21
   # quantized layers). The keyed recipes run the same code (see the test above); mxfp4_e4m3scale,
-  # the diffusion recipe, compiles ~10x slower on CPU: benchmarks/vision_diffusion.py trains it.
+  # the diffusion recipe, compiles ~10x slower on CPU: benchmarks/studies/vision_diffusion.py trains it.
   cfg = unet_tiny(image_size=8, channels=1, channel_mults=(1,), dropout=0.1)
   policy = QuantPolicy.from_settings("mxfp4_naive")
   graphdef, _ = abstract_model(cfg, policy)

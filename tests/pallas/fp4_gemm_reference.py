@@ -1,4 +1,4 @@
-"""Independent numpy references for the FP4 GEMM kernel tests (and benchmarks/fp4_gemm.py).
+"""Independent numpy references for the FP4 GEMM kernel tests (and benchmarks/speed/fp4_gemm.py).
 
 None of this runs lpjax's kernel code: codes are decoded from the packed bytes with the E2M1 table
 of docs/numerics.md §1, scales from their bytes, block sums in int64, products in float64.

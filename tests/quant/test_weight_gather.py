@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lpjax import quant
-from lpjax.train import _sharding as shd
+from lpjax.train.step import _sharding as shd
 
 K, N, M = 512, 256, 64
 DN = (((1,), (0,)), ((), ()))
@@ -71,7 +71,7 @@ def test_quantized_gather_keeps_the_bits_and_gathers_codes(recipe, axes, w_spec)
 
   # The forward program's gathers. (In the backward of these toy shapes XLA's partitioner
   # decodes the dgrad weight's codes on each shard and gathers the float32 values; on the 1B
-  # LLaMA every forward and backward weight gather is uint8: benchmarks/weight_gather.py.)
+  # LLaMA every forward and backward weight gather is uint8: benchmarks/memory/weight_gather.py.)
   fwd = jax.jit(lambda w, x, key, on: _loss(mesh, recipe, axes)(w, x, key, on)[1],
                 static_argnums=3)
   gathers_off = _all_gathers(fwd.lower(w, x, key, False).compile().as_text())

@@ -73,7 +73,7 @@ def fp4_range(rows) -> bool:
 
 def monitor_line(loss_fn, params, batch):
   """The trainer's monitor.jsonl lines (and their alerts) of one measured pass."""
-  from lpjax.train._monitor_rows import alerts, row  # noqa: PLC0415
+  from lpjax.train.monitor._monitor_rows import alerts, row  # noqa: PLC0415
   from lpjax.train.config import llama_config  # noqa: PLC0415
 
   m = measurer(loss_fn)

@@ -20,9 +20,9 @@ from bad_input_cases import Case, Holds, Raises, check
 from config_helpers import override, small
 
 from lpjax.train import ConfigError
-from lpjax.train._trainer import Trainer
-from lpjax.train._user_model import UserModel, factory_kwargs
-from lpjax.train._vision_configs import vision_config
+from lpjax.train.loop._trainer import Trainer
+from lpjax.train.model._user_model import UserModel, factory_kwargs
+from lpjax.train.cli._vision_configs import vision_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "tests", "train")  # user_models.py
@@ -156,7 +156,7 @@ def test_user_model_needs_no_trainer():
   """UserModel checks a factory's output on its own (the task hands it `Expected`)."""
   import jax.numpy as jnp
   import user_models
-  from lpjax.train._user_model import Expected
+  from lpjax.train.model._user_model import Expected
 
   with pytest.raises(ConfigError, match=r"logits \(2, 16\); the lm task expects"):
     UserModel(user_models.last_token_lm, {"vocab_size": 16}, jnp.zeros((1, 4), jnp.int32),

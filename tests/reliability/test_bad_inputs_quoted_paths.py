@@ -9,10 +9,10 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SUFFIXES = r"(?:py|md|ipynb|json|toml|txt|cfg)"
-# A path from the repository root ("lpjax/train/_validate.py", "docs/numerics.md") ...
+# A path from the repository root ("lpjax/train/schema/_validate.py", "docs/numerics.md") ...
 ROOTED = re.compile(r"(?<![\w/.-])((?:lpjax|docs|configs|tests|benchmarks|notebooks)/[\w./-]*?\w\."
                     + SUFFIXES + r")(?![\w/])")
-# ... or from inside the package ("train/_sharding.py", as a comment in lpjax/train/ may say).
+# ... or from inside the package ("train/step/_sharding.py", as a comment in lpjax/train/ may say).
 IN_PACKAGE = re.compile(r"(?<![\w/.-])((?:quant|train|data|optim|nn|models|pallas|eval)/"
                         r"[\w./-]*?\w\.py)(?![\w/])")
 
@@ -33,9 +33,9 @@ def _quoted_paths(text):
 
 def test_the_scanner_finds_paths_in_messages_and_docstrings():
   text = ('raise ValueError("see lpjax/quant/recipes/variants.py and docs/numerics.md §5")\n'
-          '"""Rules: train/_sharding.py; not a path: a/b.py or lpjax.quant."""')
+          '"""Rules: train/step/_sharding.py; not a path: a/b.py or lpjax.quant."""')
   assert [p for _, p in _quoted_paths(text)] == [
-      "lpjax/quant/recipes/variants.py", "docs/numerics.md", "lpjax/train/_sharding.py"]
+      "lpjax/quant/recipes/variants.py", "docs/numerics.md", "lpjax/train/step/_sharding.py"]
 
 
 def test_every_quoted_repository_path_exists():

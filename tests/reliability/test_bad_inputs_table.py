@@ -3,7 +3,7 @@
 Each case is one row with its expected outcome: an exception type and a message substring (the
 trainer's errors are ConfigError subclasses, which train.py prints as one line with exit status
 2), or a property of the result. The rows call the functions train.py runs, in-process
-(train.py's `_parse_flags` runs `lpjax.train._cli`, the Trainer runs `lpjax.train._preflight`), so
+(train.py's `_parse_flags` runs `lpjax.train.cli._cli`, the Trainer runs `lpjax.train.schema._preflight`), so
 the table costs seconds. Library and optimizer rows: test_bad_inputs_library.py; train.py itself:
 test_bad_inputs_train_py.py.
 """
@@ -23,8 +23,8 @@ from config_helpers import override, small
 
 from lpjax import data as lpdata
 from lpjax.train import ConfigError, validate
-from lpjax.train import _cli as cli
-from lpjax.train import _preflight as preflight
+from lpjax.train.cli import _cli as cli
+from lpjax.train.schema import _preflight as preflight
 
 LATIN1 = b"hello caf\xe9 world\n"  # 'caf\xe9' is Latin-1; byte 9 is not UTF-8 there
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xd8\xff"
@@ -54,7 +54,7 @@ def _with(task="lm", **overrides):
   """A small valid config of `task` (tiny LLaMA, or the tiny ResNet / U-Net on digits)."""
   if task == "lm":
     return small(**overrides)
-  from lpjax.train._vision_configs import vision_config
+  from lpjax.train.cli._vision_configs import vision_config
   return override(vision_config(_VISION_MODEL[task]), batch_size=8, **overrides)
 
 
@@ -172,7 +172,7 @@ def _home_workdir(tmp_path, monkeypatch):
 CE, DE, WE = ConfigError, preflight.DataError, preflight.WorkdirError
 
 CASES = [
-    # flags: train.py's path for --config.x=y (lpjax.train._cli, then validate)
+    # flags: train.py's path for --config.x=y (lpjax.train.cli._cli, then validate)
     Case("flags", "typo in a section key", lambda t: _cli_validate("--config.optimizer.lrr=2e-3"),
          Raises(CE, "optimizer.lrr (did you mean optimizer.lr?)")),
     Case("flags", "typo in a top-level key", lambda t: _cli_validate("--config.seq_lenn=64"),
@@ -331,7 +331,7 @@ CASES = [
     Case("data", "an error raised elsewhere is not relabelled", _data_errors_pass_through,
          Holds("a ValueError outside lpjax.data stays a ValueError")),
 
-    # workdirs (lpjax.train._preflight.prepare_workdir, the Trainer's first step)
+    # workdirs (lpjax.train.schema._preflight.prepare_workdir, the Trainer's first step)
     Case("workdir", "a file", lambda t: preflight.prepare_workdir(_file(t, "f", b"x")),
          Raises(WE, "is a file, not a folder")),
     Case("workdir", "under a file",

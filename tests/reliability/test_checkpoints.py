@@ -9,7 +9,7 @@ import pytest
 
 from config_helpers import small
 
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 
 def same(a, b):

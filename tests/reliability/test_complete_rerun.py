@@ -7,7 +7,7 @@ import os
 
 from config_helpers import small
 
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 
 def _snapshot(workdir):

@@ -17,9 +17,9 @@ import pytest
 from config_helpers import small
 
 from lpjax.train import ConfigError, validate
-from lpjax.train import _cli as cli
-from lpjax.train._config_schema import TASKS, base_config, flat_keys, task_keys
-from lpjax.train._trainer import Trainer
+from lpjax.train.cli import _cli as cli
+from lpjax.train.schema._config_schema import TASKS, base_config, flat_keys, task_keys
+from lpjax.train.loop._trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "llama_tiny_mxfp4.py")

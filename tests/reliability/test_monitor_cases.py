@@ -132,7 +132,7 @@ def _advise_cond():
 
 
 def _monitor_cond_never_alerts_or_falls_back():
-  from lpjax.train import _monitor  # noqa: PLC0415
+  from lpjax.train.monitor import _monitor  # noqa: PLC0415
 
   lines, found = monitor_line(cond_branches, COND_P, (X, C))
   big = [r for r in lines if r["path"] == "big"]
@@ -143,7 +143,7 @@ def _monitor_cond_never_alerts_or_falls_back():
   mon.config = types.SimpleNamespace(fallback_after=1, max_fallback_sites=8,
                                      fallback_recipe="bf16")
   mon.switches, mon.streaks = [], {}
-  from lpjax.train._monitor_rows import alerts  # noqa: PLC0415
+  from lpjax.train.monitor._monitor_rows import alerts  # noqa: PLC0415
   from lpjax.train.config import llama_config  # noqa: PLC0415
 
   threshold = llama_config().monitor

@@ -228,7 +228,7 @@ def _json_encodings():
 def _heatmap_cells():
   """The heatmap's grids: a cell that did not run or saw NaN is no reading (NaN), marked by its
   status; an exact reading is inf (drawn at the top of the scale)."""
-  from lpjax.train._monitor_heatmap import STATUS_CODES, grids, status_grid  # noqa: PLC0415
+  from lpjax.train.monitor._monitor_heatmap import STATUS_CODES, grids, status_grid  # noqa: PLC0415
 
   def line(step, path, status, snr):
     return {"step": step, "path": path, "block": None, "call": 0, "status": status,

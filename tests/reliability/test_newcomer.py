@@ -10,8 +10,8 @@ import tomllib
 from config_helpers import small
 
 from lpjax.train import learning_rate_schedule, tensorboard_command
-from lpjax.train._metrics import Progress
-from lpjax.train._trainer import Trainer
+from lpjax.train.outputs._metrics import Progress
+from lpjax.train.loop._trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -11,7 +11,7 @@ import pytest
 
 from config_helpers import small
 
-from lpjax.train._trainer import Trainer, TrainingError
+from lpjax.train.loop._trainer import Trainer, TrainingError
 
 
 def metrics(workdir):
@@ -92,7 +92,7 @@ def test_a_non_finite_update_is_skipped_like_a_non_finite_gradient():
   import jax.numpy as jnp
   import optax
 
-  from lpjax.train._step import init_state, make_train_step
+  from lpjax.train.step._step import init_state, make_train_step
 
   params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
   loss_fn = lambda p, ms, batch, key, policy: (jnp.sum(p["w"] ** 2) + jnp.sum(p["b"]), (ms, {}))

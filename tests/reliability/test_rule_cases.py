@@ -31,7 +31,7 @@ from config_helpers import small
 
 from lpjax import quant
 from lpjax.train import ConfigError
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 D = 32
 X = jax.random.normal(jax.random.key(0), (16, D))
@@ -385,8 +385,8 @@ def test_image_tasks_report_their_own_layers():
   from types import SimpleNamespace
 
   from lpjax.models import resnet, unet
-  from lpjax.train._tasks.classification import ClassificationTask
-  from lpjax.train._tasks.diffusion import DiffusionTask
+  from lpjax.train.tasks.classification import ClassificationTask
+  from lpjax.train.tasks.diffusion import DiffusionTask
 
   policy = quant.QuantPolicy.from_settings("mxfp4_naive", high_precision="bf16")
   cfg = resnet.ResNetConfig(name="resnet_tiny", num_classes=10, in_channels=1, stem="small")

@@ -14,7 +14,7 @@ import pytest
 from config_helpers import small
 
 from lpjax.train import ConfigError
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 
 def _files(workdir):
@@ -107,7 +107,7 @@ def test_a_changed_recipe_or_schedule_resumes_and_is_logged(finished, tmp_path, 
 
 
 def test_each_checkpoint_records_its_config(finished):
-  from lpjax.train._checkpoint import Checkpointer
+  from lpjax.train.state._checkpoint import Checkpointer
   checkpointer = Checkpointer(os.path.join(finished[0], "checkpoints"))
   meta = checkpointer.saved_meta(2)
   checkpointer.close()

@@ -14,8 +14,8 @@ import pytest
 from config_helpers import small
 
 from lpjax.train import CheckpointWriteError, WorkdirInUse
-from lpjax.train._trainer import Trainer
-from lpjax.train._workdir_lock import WorkdirLock
+from lpjax.train.loop._trainer import Trainer
+from lpjax.train.state._workdir_lock import WorkdirLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,7 +25,7 @@ def _holder(workdir):
   code = textwrap.dedent(f"""
       import sys, time
       sys.path.insert(0, {ROOT!r})
-      from lpjax.train._workdir_lock import WorkdirLock
+      from lpjax.train.state._workdir_lock import WorkdirLock
       WorkdirLock({workdir!r}).acquire()
       print("locked", flush=True)
       time.sleep(120)

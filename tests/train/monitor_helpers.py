@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from lpjax import quant
-from lpjax.train._trainer import _global_batch
+from lpjax.train.loop._trainer import _global_batch
 
 STATS = ("snr_db", "rel_err", "saturated", "flushed", "scale_min", "scale_max", "scale_std",
          "clamped_scales")

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from lpjax.train._checkpoint import Checkpointer
+from lpjax.train.state._checkpoint import Checkpointer
 
 
 def _state():

@@ -8,7 +8,7 @@ import pytest
 
 from lpjax.models import llama
 from lpjax.quant import QuantPolicy
-from lpjax.train._tasks.lm import chunked_cross_entropy, cross_entropy
+from lpjax.train.tasks.lm import chunked_cross_entropy, cross_entropy
 
 
 def numpy_cross_entropy(logits, targets):
@@ -101,7 +101,7 @@ def test_the_lm_task_with_chunks_gives_the_whole_logits_loss_and_gradients():
   operands (a last-bit change of a float32 dlogit can flip its bf16 rounding), on a batch of the
   offline corpus."""
   from config_helpers import small
-  from lpjax.train._tasks.lm import LanguageModelTask
+  from lpjax.train.tasks.lm import LanguageModelTask
   tasks = {c: LanguageModelTask(small("mxfp4_naive", **{"model.vocab_chunks": c}))
            for c in (0, 4)}
   params, _ = tasks[0].init_variables(jax.random.key(0))

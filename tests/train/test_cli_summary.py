@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from lpjax.train import _cli as cli
-from lpjax.train import _metrics
-from lpjax.train._metrics import Progress
-from lpjax.train._results import format_summary
+from lpjax.train.cli import _cli as cli
+from lpjax.train.outputs import _metrics
+from lpjax.train.outputs._metrics import Progress
+from lpjax.train.outputs._results import format_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

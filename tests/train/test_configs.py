@@ -239,7 +239,7 @@ def test_classification_grad_accumulation_error_names_the_model_and_the_fix():
 
 
 def test_tasks_are_defined_once():
-  from lpjax.train import _tasks as tasks
+  from lpjax.train import tasks as tasks
   assert tasks.TASKS is cfg_lib.TASKS
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from config_helpers import CONFIGS_DIR, config_file, override
-from lpjax.train._trainer import QUANT_REPORT, Trainer
+from lpjax.train.loop._trainer import QUANT_REPORT, Trainer
 
 ROOT = os.path.dirname(CONFIGS_DIR)
 COMMAND = re.compile(r"python train\.py --config=configs/(\w+)\.py((?:\s*\\?\s*--config\.\S+)*)")

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from config_helpers import small
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 GQA = {"model.num_kv_heads": 2, "model.tie_embeddings": True}
 

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from lpjax.train._step import accumulate, init_state, make_train_step
+from lpjax.train.step._step import accumulate, init_state, make_train_step
 
 
 def test_float32_accumulator_is_a_plain_sum():

@@ -17,7 +17,7 @@ from lpjax import export as lpexport  # noqa: E402
 from lpjax import quant  # noqa: E402
 from lpjax.models import hf_llama, llama  # noqa: E402
 from lpjax.train import ConfigError  # noqa: E402
-from lpjax.train._trainer import Trainer  # noqa: E402
+from lpjax.train.loop._trainer import Trainer  # noqa: E402
 
 V, D, F, H, KV, L = 257, 64, 96, 4, 2, 2
 
@@ -245,7 +245,7 @@ def test_a_fresh_models_export_names_its_byte_tokenizer_and_trained_length(tmp_p
 
 
 def test_a_fresh_model_takes_grouped_kv_heads_and_tied_embeddings(tmp_path):
-  from lpjax.train._tasks.lm import LanguageModelTask
+  from lpjax.train.tasks.lm import LanguageModelTask
 
   c = override(config_file("llama_tiny_mxfp4"), seq_len=16, batch_size=2,
                **{"data.prefetch": 0, "model.num_kv_heads": 2, "model.tie_embeddings": True})

@@ -7,7 +7,7 @@ import pytest
 
 from config_helpers import config_file
 from lpjax.train.config import llama_config
-from lpjax.train._optimizers import make_optimizer
+from lpjax.train.step._optimizers import make_optimizer
 
 
 @pytest.mark.parametrize("name", ["adamw", "spam", "stable_spam"])
@@ -59,7 +59,7 @@ def test_bfloat16_master_weights_take_small_updates_only_with_stochastic_roundin
   """A train step with bf16 parameters: SGD steps of 1/8 ulp move the weights on average under
   stochastic rounding and are lost under round-to-nearest (why SR is the default)."""
   import optax
-  from lpjax.train._step import init_state, make_train_step
+  from lpjax.train.step._step import init_state, make_train_step
 
   n, lr = 20000, 2.0**-10  # grad 1 -> update -2^-10 on weights of 1 (bf16 ulp there: 2^-7)
   loss_fn = lambda p, ms, batch, key, policy: (jnp.sum(p["w"].astype(jnp.float32)), (ms, {}))
@@ -82,7 +82,7 @@ def test_stable_spam_keeps_statistics_per_block_of_a_scanned_llama(tmp_path, sca
   """A scanned LLaMA stacks each weight of its blocks into one tensor; the trainer's Stable-SPAM
   still keeps one AdaClip / AdaGN statistic per block (as the unrolled model has them)."""
   from config_helpers import small
-  from lpjax.train._trainer import Trainer
+  from lpjax.train.loop._trainer import Trainer
 
   trainer = Trainer(small("bf16", "stable_spam", **{"model.scan_layers": scan_layers}),
                     str(tmp_path))
@@ -107,9 +107,9 @@ def test_an_fp4_config_switched_to_another_optimizer_warns_that_it_is_unclipped(
   config.optimizer.name = name
   if grad_clip is not None:
     config.optimizer.grad_clip = grad_clip
-  with caplog.at_level("WARNING", logger="lpjax.train._optimizers"):
+  with caplog.at_level("WARNING", logger="lpjax.train.step._optimizers"):
     make_optimizer(config)
-  messages = [r.getMessage() for r in caplog.records if r.name == "lpjax.train._optimizers"]
+  messages = [r.getMessage() for r in caplog.records if r.name == "lpjax.train.step._optimizers"]
   assert bool(messages) == warns
   if warns:
     assert "no global-norm clipping" in messages[0] and "--config.optimizer.grad_clip=1.0" in messages[0]
@@ -118,6 +118,6 @@ def test_an_fp4_config_switched_to_another_optimizer_warns_that_it_is_unclipped(
 def test_plain_adam_with_clipping_off_does_not_warn(caplog):
   config = llama_config("tiny", optimizer="adam")
   config.optimizer.grad_clip = 0.0  # a deliberate choice: total_steps is 0
-  with caplog.at_level("WARNING", logger="lpjax.train._optimizers"):
+  with caplog.at_level("WARNING", logger="lpjax.train.step._optimizers"):
     make_optimizer(config)
-  assert not [r for r in caplog.records if r.name == "lpjax.train._optimizers"]
+  assert not [r for r in caplog.records if r.name == "lpjax.train.step._optimizers"]

@@ -1,4 +1,4 @@
-"""The precision schedule: which recipe each training step uses (lpjax.train._precision)."""
+"""The precision schedule: which recipe each training step uses (lpjax.train.step._precision)."""
 
 import logging
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from lpjax.train.config import llama_config
-from lpjax.train._precision import PrecisionController, PrecisionSchedule, ScheduleState, build_policy
+from lpjax.train.step._precision import PrecisionController, PrecisionSchedule, ScheduleState, build_policy
 
 # --- schedule ------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""lpjax.train._process: where JAX's persistent cache goes (and what wins); the CPU allocator hint."""
+"""lpjax.train.loop._process: where JAX's persistent cache goes (and what wins); the CPU allocator hint."""
 
 import os
 
@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from lpjax.train import use_compilation_cache
-from lpjax.train._process import HUGEPAGE_TUNABLE, cpu_allocator_hint
+from lpjax.train.loop._process import HUGEPAGE_TUNABLE, cpu_allocator_hint
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`quant.rules`: per-path recipes from the config (lpjax/train/_quant_rules.py), validated at config
+"""`quant.rules`: per-path recipes from the config (lpjax/train/schema/_quant_rules.py), validated at config
 time, built into the run's QuantPolicy, and honoured by lpjax's LLaMA (scanned and unrolled),
 ResNet, U-Net and a `model.factory` model quantized by interception."""
 
@@ -13,7 +13,7 @@ from flax import nnx
 from lpjax import quant
 from lpjax.models import llama, resnet, unet
 from lpjax.train import ConfigError, build_policy, validate
-from lpjax.train._quant_rules import format_rules, parse_rules
+from lpjax.train.schema._quant_rules import format_rules, parse_rules
 from lpjax.train.config import llama_config
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from config_helpers import small
 
-from lpjax.train._results import format_summary
-from lpjax.train._trainer import Trainer
+from lpjax.train.outputs._results import format_summary
+from lpjax.train.loop._trainer import Trainer
 
 
 def test_a_stopped_killed_and_resumed_run_counts_every_segment(tmp_path):

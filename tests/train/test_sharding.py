@@ -7,8 +7,8 @@ from jax.sharding import PartitionSpec
 
 from config_helpers import small
 from lpjax.nn import _sharding_hints as sharding_hints
-from lpjax.train import _sharding as shd
-from lpjax.train._trainer import Trainer
+from lpjax.train.step import _sharding as shd
+from lpjax.train.loop._trainer import Trainer
 
 
 def test_activation_resolver_maps_logical_axes_onto_the_mesh():
@@ -126,8 +126,9 @@ def test_vocab_chunks_gather_the_lm_head_once(tmp_path):
   logits loss, not once per vocabulary slice in the forward and again in its recomputation."""
   import os
   import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), "benchmarks"))
+  sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "benchmarks"), d)
+                  for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
   from hlo_collectives import collective_bytes
 
   def gathered(chunks):

@@ -1,4 +1,4 @@
-"""Per-site fallback recipes (lpjax/train/_site_fallback.py) and the monitor's config checks: a
+"""Per-site fallback recipes (lpjax/train/monitor/_site_fallback.py) and the monitor's config checks: a
 composite recipe runs the fallback's GEMMs in its switched pass and its own in the others."""
 
 import dataclasses
@@ -13,7 +13,7 @@ from lpjax import quant
 from lpjax.quant import QuantPolicy, recipes
 from lpjax.quant.recipes.gemm_recipe import GemmQuant
 from lpjax.train import ConfigError, validate
-from lpjax.train._site_fallback import composite, with_switches
+from lpjax.train.monitor._site_fallback import composite, with_switches
 
 DN = (((1,), (0,)), ((), ()))
 

@@ -1,4 +1,4 @@
-"""The trainer's monitor section (lpjax/train/_monitor.py) on a model.factory model: monitor.jsonl
+"""The trainer's monitor section (lpjax/train/monitor/_monitor.py) on a model.factory model: monitor.jsonl
 rows equal `lpjax.quant.site_stats` on the same params, batch and key; the plain train step's HLO
 is the same with the monitor on or off, and the measured step makes the same update; alert
 lines; the heatmap; fsdp; a planted failing site falls back alone (bounded compiles) and a
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from config_helpers import small
-from lpjax.train._monitor_heatmap import grids, threshold_limits, write_heatmap
-from lpjax.train._trainer import Trainer
+from lpjax.train.monitor._monitor_heatmap import grids, threshold_limits, write_heatmap
+from lpjax.train.loop._trainer import Trainer
 from monitor_helpers import check_against_site_stats, losses, read, same
 
 FACTORY = "user_models:linen_lm"  # attention (q, k, v, out) + MLP (up, down): 6 MXFP4 sites

@@ -10,7 +10,7 @@ import pytest
 
 from config_helpers import small
 from lpjax.models.llama_sizes import LLAMA_SIZES
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 from monitor_helpers import check_against_site_stats, losses, read
 
 LINEARS = {f"layers/attn/{p}_proj" for p in "qkvo"} | {f"layers/mlp/{p}_proj"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from config_helpers import override, small
-from lpjax.train._vision_configs import vision_config
+from lpjax.train.cli._vision_configs import vision_config
 from lpjax.train import ConfigError
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 FACTORY = "user_models:plain_llama"
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from config_helpers import override, small
-from lpjax.train._trainer import QUANT_REPORT, Trainer
-from lpjax.train._vision_configs import vision_config
+from lpjax.train.loop._trainer import QUANT_REPORT, Trainer
+from lpjax.train.cli._vision_configs import vision_config
 
 STEPS, STOP = 4, 2
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from config_helpers import config_file, override
-from lpjax.train._trainer import Trainer
+from lpjax.train.loop._trainer import Trainer
 
 
 def tiny(name, steps=2, **overrides):

@@ -41,7 +41,7 @@ from lpjax.quant.recipes.gemm_recipe import OperandQuant
 GEMM_IMPLS = ("auto", "xla", "pallas")
 
 # Compute capability ("9.0") -> format names whose kernel GEMM measured faster than the emulated
-# GEMM there (benchmarks/fp4_gemm.py). Empty: not measured (no GPU yet), so "auto" never picks it.
+# GEMM there (benchmarks/speed/fp4_gemm.py). Empty: not measured (no GPU yet), so "auto" never picks it.
 MEASURED_FASTER: dict[str, tuple[str, ...]] = {}
 
 

@@ -15,7 +15,7 @@ all-reduce of the shards' maxima. Formats without packed codes (SSP, the NVFP4 s
 XLA's own choice.
 
 The resolver maps (logical_axes, shape, gathered) to a `jax.sharding.Sharding` or None (leave
-the array to XLA): the trainer's (`lpjax.train._sharding.weight_resolver`) gives the parameter's
+the array to XLA): the trainer's (`lpjax.train.step._sharding.weight_resolver`) gives the parameter's
 sharding, and with gathered=True the same without the FSDP mesh axes. It is also asked where a 2-D
 activation operand's quantization lives, with axes ("batch", None) or (None, "batch") (rows =
 tokens), so that blocks along the token axis are quantized where the rows are.

@@ -1,0 +1,1 @@
+"""lpjax.train.cli: see the layer order in tests/test_architecture.py."""

@@ -1,0 +1,1 @@
+"""lpjax.train.model: see the layer order in tests/test_architecture.py."""

@@ -1,0 +1,1 @@
+"""lpjax.train.schema: see the layer order in tests/test_architecture.py."""
