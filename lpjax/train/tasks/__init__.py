@@ -1,5 +1,10 @@
 """Tasks the trainer runs: `make_task(config)` by `config.task`.
 
+What each task owns: its model, data, loss and evaluation. Stands on `config`, `state`, `step` and
+`model`. Modules: `base` (`Task`, what every task provides), `lm` (the language model: LLaMA or a
+user's model, the loss, init_from checkpoints), `classification` (ResNet or a user's classifier),
+`diffusion` (the U-Net denoiser), `images` (the image data shared by the two vision tasks).
+
 Examples:
   >>> TASKS
   ('lm', 'classification', 'diffusion')
