@@ -1,9 +1,10 @@
 """The layers of lpjax, every import pointing down, no import circles, and a repository that stands
 on its own.
 
-The layer order is written once, in `LAYERS` (packages, lowest first) and `QUANT_LAYERS` (the
-sub-packages of lpjax.quant, lowest first). A module may import:
-- modules of its own package (lpjax.quant: of its own layer or a lower one);
+The layer order is written once, in `LAYERS` (packages, lowest first), `QUANT_LAYERS` (the
+sub-packages of lpjax.quant, lowest first) and `TRAIN_LAYERS` (the sub-packages of lpjax.train,
+lowest first). A module may import:
+- modules of its own package (lpjax.quant and lpjax.train: of its own layer or a lower one);
 - packages of a lower layer (never one of the same layer: data, optim, quant and eval stand apart).
 Loads by name count as imports: `importlib.import_module("...")`, `__import__("...")`, and a
 dotted lpjax module path given to a registry's `provide`, `find_spec` or `patch`.
@@ -30,6 +31,12 @@ PACKAGES = tuple(p for layer in LAYERS for p in layer)
 # Inside lpjax.quant, lowest first; "__init__" (the public API) is the top of quant.
 QUANT_LAYERS = ("backends", "numerics", "formats", "codec", "schemes", "recipes", "policy", "gemm",
                 "intercept", "monitor", "export")
+# Inside lpjax.train, lowest first; "__init__" (the public API) is the top of train. `config` is
+# the public config module (lpjax/train/config.py), the others are sub-packages.
+TRAIN_LAYERS = ("schema", "config", "outputs", "state", "step", "model", "tasks", "monitor", "loop",
+                "cli")
+# A package whose inside is layered: its layer order.
+INNER_LAYERS = {"quant": QUANT_LAYERS, "train": TRAIN_LAYERS}
 NO_FLAX = ("quant", "optim", "pallas")
 
 
@@ -108,17 +115,19 @@ def _lpjax_edges(path: pathlib.Path) -> set[str]:
 
 
 def _rank(module: str) -> tuple[int, int] | None:
-  """(package layer, quant layer) of a module; None for lpjax itself and its top-level modules
-  (lpjax/export.py, lpjax/plot.py, lpjax/advise.py: the top, like lpjax/__init__.py)."""
+  """(package layer, layer inside quant or train) of a module; None for lpjax itself and its
+  top-level modules (lpjax/export.py, lpjax/plot.py, lpjax/advise.py: the top, like
+  lpjax/__init__.py)."""
   parts = module.split(".")
   if len(parts) == 1 or parts[1] not in PACKAGES:
     return None
   layer = next(i for i, names in enumerate(LAYERS) if parts[1] in names)
-  if parts[1] != "quant":
+  inner = INNER_LAYERS.get(parts[1])
+  if inner is None:
     return layer, 0
-  if len(parts) == 2:  # lpjax/quant/__init__.py, the public API: the top of quant
-    return layer, len(QUANT_LAYERS)
-  return layer, QUANT_LAYERS.index(parts[2])
+  if len(parts) == 2:  # lpjax/quant/__init__.py, the public API: the top of quant (train: same)
+    return layer, len(inner)
+  return layer, inner.index(parts[2])
 
 
 def _violation(src: str, dst: str) -> str | None:
@@ -133,8 +142,8 @@ def _violation(src: str, dst: str) -> str | None:
     if d[0] >= s[0]:
       return f"{src_pkg} may not import {dst_pkg} (same or higher layer)"
     return None
-  if src_pkg == "quant" and d[1] > s[1]:
-    return f"quant's {QUANT_LAYERS[s[1]]} may not import the higher layer {dst}"
+  if src_pkg in INNER_LAYERS and d[1] > s[1]:
+    return f"{src_pkg}'s {INNER_LAYERS[src_pkg][s[1]]} may not import the higher layer {dst}"
   return None
 
 
@@ -144,6 +153,9 @@ def test_the_layer_order_names_every_package_and_quant_subpackage():
   quant = {p.stem for p in (LPJAX / "quant").iterdir()
            if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
   assert quant == set(QUANT_LAYERS), quant ^ set(QUANT_LAYERS)
+  train = {p.stem for p in (LPJAX / "train").iterdir()
+           if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+  assert train == set(TRAIN_LAYERS), train ^ set(TRAIN_LAYERS)
 
 
 def test_every_import_points_down():
@@ -225,6 +237,20 @@ def test_quant_subpackages_document_what_they_offer_and_shadow_no_public_name():
           assert f"`{mod.stem}`" in doc, f"lpjax/quant/{sub.name}/__init__.py omits `{mod.stem}`"
 
 
+def test_train_subpackages_say_what_they_own_and_list_their_modules():
+  import lpjax.train as train
+  for name in TRAIN_LAYERS:
+    path = LPJAX / "train" / name
+    if not path.is_dir():
+      continue
+    doc = ast.get_docstring(ast.parse((path / "__init__.py").read_text())) or ""
+    assert len(doc) > 100, f"lpjax/train/{name}/__init__.py does not say what it owns"
+    assert name not in train.__all__, f"lpjax.train.{name} shadows a public name"
+    for mod in path.glob("*.py"):
+      if mod.name != "__init__.py":
+        assert f"`{mod.stem}`" in doc, f"lpjax/train/{name}/__init__.py omits `{mod.stem}`"
+
+
 # --- the checker itself -----------------------------------------------------------------------
 
 def test_the_checker_sees_lazy_imports_and_loads_by_name(tmp_path):
@@ -254,6 +280,11 @@ def test_the_checker_finds_circles_and_upward_arrows():
   assert not _violation("lpjax.pallas._ops", "lpjax.quant.codec.scales_exact")
   assert not _violation("lpjax", "lpjax.pallas")
   assert not _violation("lpjax.train.loop._trainer", "lpjax.models.llama")
+  assert _violation("lpjax.train.step._step", "lpjax.train.loop._trainer")  # up inside train
+  assert _violation("lpjax.train.schema._validate", "lpjax.train.config")
+  assert _violation("lpjax.train.cli._cli", "lpjax.train")  # the public API is train's top
+  assert not _violation("lpjax.train.loop._trainer", "lpjax.train.step._step")
+  assert not _violation("lpjax.train.config", "lpjax.train.schema._validate")
 
 
 # --- a repository that stands on its own ------------------------------------------------------
