@@ -111,9 +111,9 @@ CURRENT_TESTS ?= tests/quant/test_jax_compat.py tests/quant/test_intercept.py \
 	tests/quant/test_intercept_kept_dtype.py tests/quant/test_intercept_short_k.py tests/nn \
 	tests/models/test_hf_llama.py tests/models/test_llama_causality.py \
 	tests/pallas/test_pallas_lowering.py tests/pallas/test_fp4_gemm_lowering.py \
-	tests/train/test_train.py::test_tiny_configs_run_and_write_results tests/train/test_checkpoint.py \
-	tests/benchmarks/test_gpu_check.py \
-	tests/benchmarks/test_gpu_check_rehearsal.py::test_make_gpu_check_dry_run_writes_everything_into_out
+	tests/train/loop/test_train.py::test_tiny_configs_run_and_write_results tests/train/state/test_checkpoint.py \
+	tests/benchmarks/gpu_check/test_gpu_check.py \
+	tests/benchmarks/gpu_check/test_gpu_check_rehearsal.py::test_make_gpu_check_dry_run_writes_everything_into_out
 test-current:
 	$(MAKE) --no-print-directory test PY=$(CURRENT_PY) TESTS="$(CURRENT_TESTS)"
 

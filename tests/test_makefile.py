@@ -129,7 +129,7 @@ def test_make_test_current_runs_the_fast_part_on_the_current_python(tmp_path):
   run = r.stdout.strip().splitlines()[-1]
   assert run.startswith(f"{venv}/bin/python -m pytest -n 2 ")
   for path in ("tests/quant/test_jax_compat.py", "tests/quant/test_intercept.py",
-               "tests/pallas/test_pallas_lowering.py", "tests/benchmarks/test_gpu_check.py"):
+               "tests/pallas/test_pallas_lowering.py", "tests/benchmarks/gpu_check/test_gpu_check.py"):
     assert f" {path} " in f"{run} "
   for path in [w for w in run.split() if w.startswith("tests/")]:
     assert (ROOT / path.split("::")[0]).exists(), path

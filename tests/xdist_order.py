@@ -12,20 +12,20 @@ from __future__ import annotations
 
 # Cold `make test` on 2 cores, the files' summed test times (pytest --durations), slowest first.
 SLOW_FILES = (
-    "tests/train/test_vision_tasks.py",
+    "tests/train/tasks/test_vision_tasks.py",
     "tests/test_notebooks.py",
     "tests/reliability/test_monitor_kill.py",
-    "tests/train/test_trainer_monitor.py",
-    "tests/train/test_user_model.py",
+    "tests/train/monitor/test_trainer_monitor.py",
+    "tests/train/model/test_user_model.py",
     "tests/reliability/test_stock_environment.py",
     "tests/reliability/test_kill_and_resume.py",
-    "tests/train/test_sharding.py",
+    "tests/train/step/test_sharding.py",
     "tests/reliability/test_monitor_cases_loops.py",
     "tests/quant/test_monitor_advisor.py",
     "tests/quant/test_monitor.py",
-    "tests/train/test_train.py",
-    "tests/train/test_multiprocess.py",
-    "tests/train/test_hf_checkpoints.py",
+    "tests/train/loop/test_train.py",
+    "tests/train/loop/test_multiprocess.py",
+    "tests/train/model/test_hf_checkpoints.py",
     "tests/test_advise.py",
 )
 
@@ -33,8 +33,8 @@ SLOW_FILES = (
 def order(scopes):
   """`scopes` (file node ids, in the scheduler's order) with `SLOW_FILES` first, slowest first.
 
-  >>> order(["tests/a.py", "tests/test_notebooks.py", "tests/b.py", "tests/train/test_vision_tasks.py"])
-  ['tests/train/test_vision_tasks.py', 'tests/test_notebooks.py', 'tests/a.py', 'tests/b.py']
+  >>> order(["tests/a.py", "tests/test_notebooks.py", "tests/b.py", "tests/train/tasks/test_vision_tasks.py"])
+  ['tests/train/tasks/test_vision_tasks.py', 'tests/test_notebooks.py', 'tests/a.py', 'tests/b.py']
   """
   rank = {name: i for i, name in enumerate(SLOW_FILES)}
   indexed = list(enumerate(scopes))

@@ -7,7 +7,7 @@ comment right after the number, which a reader of the rendered page does not see
 
     **0.260x**<!-- record: weight_gather.gather_vs_bf16 --> the bytes of bf16 gathers
 
-`tests/benchmarks/test_result_records.py` reads every such comment in README.md and docs/*.md, checks that the
+`tests/benchmarks/common/test_result_records.py` reads every such comment in README.md and docs/*.md, checks that the
 number just before it equals the record's figure at the precision the doc prints, and fails on
 any figure inside a `<!-- records: begin -->` ... `<!-- records: end -->` region that names no
 record. Figures of runs too long to repeat (training sweeps) are records written from the stored

@@ -40,5 +40,5 @@ Stages:
 
 It prints the summary table last, with the goals of issue 38 beside the figures they judge; commit
 OUT/report.md as docs/results/gpu/<gpu-model>.md. `LPJAX_GPU_CHECK_HANG=<letters>` makes those
-stages hang after their first check (the rehearsal in tests/benchmarks/test_gpu_check_rehearsal.py).
+stages hang after their first check (the rehearsal in tests/benchmarks/gpu_check/test_gpu_check_rehearsal.py).
 """

@@ -2,7 +2,7 @@
 XLA path of lpjax.quant on the same device, bit for bit; partitioned over several devices and
 under shard_map when there are several.
 
-`kernel_cases` is also what tests/benchmarks/test_gpu_check.py lowers for the "cuda" platform on
+`kernel_cases` is also what tests/benchmarks/gpu_check/test_gpu_check.py lowers for the "cuda" platform on
 a CPU, so every kernel and shape this stage compiles on a GPU is known to lower.
 """
 

@@ -1,7 +1,7 @@
 """Adversarial cases of the Hugging Face import / export and of export_weights: models and folders
 lpjax did not write. One row per case: what used to happen, what happens now (each test fails on
 the code before its fix). The cases that need a trained run (an init_from folder that moved) are
-in tests/train/test_hf_checkpoints.py.
+in tests/train/model/test_hf_checkpoints.py.
 
 | case | before | now |
 |---|---|---|

@@ -1,4 +1,4 @@
-"""Models a user brings to the trainer through `model.factory` (tests/train/test_user_model.py)."""
+"""Models a user brings to the trainer through `model.factory` (tests/train/model/test_user_model.py)."""
 
 import sys
 import os

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path[:0] = [os.path.join(os.path.join(ROOT, "benchmarks"), d)
                 for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 

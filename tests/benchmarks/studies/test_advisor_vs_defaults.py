@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"), d)
                 for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 import advisor_vs_defaults as bench  # noqa: E402
 

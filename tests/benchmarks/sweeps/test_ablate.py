@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"), d)
                 for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import ablate  # noqa: E402

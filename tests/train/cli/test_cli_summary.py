@@ -15,7 +15,7 @@ from lpjax.train.outputs import _metrics
 from lpjax.train.outputs._metrics import Progress
 from lpjax.train.outputs._results import format_summary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class _Clock:

@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"), d)
+sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"), d)
                 for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
 
 import ablate_report  # noqa: E402
 import results_table_plots as rtp  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "docs" / "results.md"
 
 SNIPPET = """# Page

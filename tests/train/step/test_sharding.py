@@ -126,8 +126,8 @@ def test_vocab_chunks_gather_the_lm_head_once(tmp_path):
   logits loss, not once per vocabulary slice in the forward and again in its recomputation."""
   import os
   import sys
-  sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), "benchmarks"), d)
+  sys.path[:0] = [os.path.join(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))), "benchmarks"), d)
                   for d in ("common", "memory", "speed", "studies", "sweeps")]  # benchmarks/*/
   from hlo_collectives import collective_bytes
 

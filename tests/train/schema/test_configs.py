@@ -10,7 +10,7 @@ import pytest
 from lpjax.train import ConfigError, validate
 from lpjax.train import config as cfg_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CONFIGS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
                  if not p.endswith("__init__.py"))
 VISION = ["resnet50_imagenet100_bf16", "resnet50_imagenet100_mxfp4", "resnet50_imagenet100_nvfp4",
