@@ -13,7 +13,7 @@ compressed-tensors decodes NVFP4 into bf16 whatever the dtype asked for: against
 decode the logits differ by 0.50, exactly what bf16 weights change in lpjax's own forward (this
 model, weights x5, amplifies; 5.4e-4 at weights x1, max |logit| 0.56).
 (the embedding and LM head stay bf16 and dominate these tiny files; the linear weights alone are
-~0.27 of bf16: tests/models/test_hf_llama.py)."""
+~0.27 of bf16: tests/models/test_hf_fp4_export.py)."""
 
 import jax
 import jax.numpy as jnp

@@ -119,3 +119,68 @@ def nnx_fn(model: nnx.Module):
   """(fn(state, *args), state) of an NNX model: the split / merge pair a training step uses."""
   graphdef, state = nnx.split(model)
   return (lambda s, *a: nnx.merge(graphdef, s)(*a)), state
+
+
+# --- models of the fresh adversarial pass (test_bad_inputs_intercept_fresh.py) ----------------
+
+
+class MoE(nn.Module):
+  """A top-1 router (kept: a gate with few outputs still quantizes; routing reads its argmax) and
+  two experts as one stacked einsum weight."""
+
+  @nn.compact
+  def __call__(self, x):
+    logits = nn.Dense(2, name="router")(x)
+    experts = self.param("experts", nn.initializers.normal(0.1), (2, D, D))
+    y = jnp.einsum("btd,edf->btef", x, experts)
+    gate = jax.nn.one_hot(jnp.argmax(logits, -1), 2) * jax.nn.softmax(logits, -1)
+    return jnp.einsum("btef,bte->btf", y, gate)
+
+
+class Gated(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(D, name="down")(nn.silu(nn.Dense(64, name="gate")(x)) * nn.Dense(64, name="up")(x))
+
+
+class Convs(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(32, (3, 3), name="stem")(x)
+    x = nn.Conv(32, (3, 3), feature_group_count=4, name="grouped")(x)
+    x = nn.Conv(32, (3, 3), kernel_dilation=2, name="dilated")(x)
+    x = nn.Conv(32, (3, 3), feature_group_count=32, name="depthwise")(x)
+    return nn.Dense(10, name="head")(x.mean((1, 2)))
+
+
+IMG = jax.random.normal(jax.random.key(8), (2, 8, 8, 3))
+
+
+class MixedDenseEinsum(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(D, name="dense")(x)
+    x = nn.Einsum((D, 2, 16), "btd,dhk->bthk", name="einsum")(x)
+    return nn.DenseGeneral(D, axis=(-2, -1), name="out")(x)
+
+
+class TiedEncoderDecoder(nn.Module):
+  """An autoencoder whose decoder is the encoder's kernel transposed (tied weights)."""
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("tied", nn.initializers.normal(0.1), (D, 16))
+    return jnp.tanh(x @ w) @ w.T
+
+
+class ScannedLM(nn.Module):
+  """nn.scan over two remat'd blocks, auto-named Embed_0 and Dense head."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(V, D)(tokens)
+    block = nn.remat(Gated)
+    Scanned = nn.scan(lambda m, c, _: (c + m(c), None), variable_axes={"params": 0},
+                      split_rngs={"params": True}, length=2)
+    x, _ = Scanned(block(name="layers"), x, None)
+    return nn.Dense(V, name="head")(x)

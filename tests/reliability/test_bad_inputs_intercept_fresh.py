@@ -27,57 +27,25 @@ D, V = M.D, M.V
 # --- item 8: a fresh adversarial pass ------------------------------------------------------------
 
 
-class _MoE(nn.Module):
-  """A top-1 router (kept: a gate with few outputs still quantizes; routing reads its argmax) and
-  two experts as one stacked einsum weight."""
-
-  @nn.compact
-  def __call__(self, x):
-    logits = nn.Dense(2, name="router")(x)
-    experts = self.param("experts", nn.initializers.normal(0.1), (2, D, D))
-    y = jnp.einsum("btd,edf->btef", x, experts)
-    gate = jax.nn.one_hot(jnp.argmax(logits, -1), 2) * jax.nn.softmax(logits, -1)
-    return jnp.einsum("btef,bte->btf", y, gate)
-
-
 def _moe():
-  rep = H.linen_report(_MoE(), "mxfp4", M.X)
+  rep = H.linen_report(M.MoE(), "mxfp4", M.X)
   st = H.status(rep)
   return (st["router"][0] == "quantized" and st["experts"][0] == "quantized"
           and len(rep.sites) == 3)
 
 
 def _moe_fp32():
-  return H.fp32_bit_identical(H.built_linen(_MoE(), "fp32", M.X), M.X)
-
-
-class _Gated(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(D, name="down")(nn.silu(nn.Dense(64, name="gate")(x)) * nn.Dense(64, name="up")(x))
+  return H.fp32_bit_identical(H.built_linen(M.MoE(), "fp32", M.X), M.X)
 
 
 def _gated_mlp():
-  rep = H.linen_report(_Gated(), "nvfp4", M.X)
+  rep = H.linen_report(M.Gated(), "nvfp4", M.X)
   return [(s.path, s.status) for s in rep.sites] == [
       ("gate", "quantized"), ("up", "quantized"), ("down", "quantized")]
 
 
-class _Convs(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    x = nn.Conv(32, (3, 3), name="stem")(x)
-    x = nn.Conv(32, (3, 3), feature_group_count=4, name="grouped")(x)
-    x = nn.Conv(32, (3, 3), kernel_dilation=2, name="dilated")(x)
-    x = nn.Conv(32, (3, 3), feature_group_count=32, name="depthwise")(x)
-    return nn.Dense(10, name="head")(x.mean((1, 2)))
-
-
-IMG = jax.random.normal(jax.random.key(8), (2, 8, 8, 3))
-
-
 def _convs():
-  rep = H.linen_report(_Convs(), "mxfp4", IMG)
+  rep = H.linen_report(M.Convs(), "mxfp4", M.IMG)
   st = H.status(rep)
   return (all(st[n] == ("quantized", "") for n in ("stem", "grouped", "dilated", "depthwise"))
           and st["head"][0] == "high precision")
@@ -90,18 +58,18 @@ def _depthwise_1x1_quartet():
     def __call__(self, x):
       return nn.Conv(3, (1, 1), feature_group_count=3, name="dw")(x)
 
-  st = H.status(H.linen_report(DW(), "quartet", IMG))
+  st = H.status(H.linen_report(DW(), "quartet", M.IMG))
   return st["dw"][0] == "high precision" and "K=1" in st["dw"][1]
 
 
 def _convs_fp32():
-  return H.fp32_bit_identical(H.built_linen(_Convs(), "fp32", IMG), IMG)
+  return H.fp32_bit_identical(H.built_linen(M.Convs(), "fp32", M.IMG), M.IMG)
 
 
 def _convs_run_and_grad():
-  apply, q, variables = H.built_linen(_Convs(), "mxfp4", IMG)
-  (l0, g0), (l1, g1) = (H.value_and_grad(apply, variables, IMG),
-                        H.value_and_grad(lambda v, x: q(v, x, quant_key=KEY), variables, IMG))
+  apply, q, variables = H.built_linen(M.Convs(), "mxfp4", M.IMG)
+  (l0, g0), (l1, g1) = (H.value_and_grad(apply, variables, M.IMG),
+                        H.value_and_grad(lambda v, x: q(v, x, quant_key=KEY), variables, M.IMG))
   rel = abs(float(l1 - l0)) / abs(float(l0))
   return rel < 0.2 and all(bool(jnp.any(g != 0)) for g in jax.tree.leaves(g1))
 
@@ -154,42 +122,25 @@ def _called_twice_per_step():
 
 def _model_called_twice_in_loss():
   """Two forward passes of one model in one loss (e.g. two views): both intercepted."""
-  apply, q, variables = H.built_linen(_Gated(), "mxfp4", M.X)
+  apply, q, variables = H.built_linen(M.Gated(), "mxfp4", M.X)
   loss = lambda v: jnp.sum(q(v, M.X, quant_key=KEY) * q(v, 2 * M.X, quant_key=KEY))
   g = jax.grad(loss)(variables)
   rep = H.report(quant.quantized(lambda v, x: apply(v, x) * apply(v, 2 * x), "mxfp4"), variables, M.X)
   return len(rep.sites) == 6 and all(bool(jnp.any(x != 0)) for x in jax.tree.leaves(g))
 
 
-class _MixedDenseEinsum(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    x = nn.Dense(D, name="dense")(x)
-    x = nn.Einsum((D, 2, 16), "btd,dhk->bthk", name="einsum")(x)
-    return nn.DenseGeneral(D, axis=(-2, -1), name="out")(x)
-
-
 def _mixed_dense_einsum():
-  rep = H.linen_report(_MixedDenseEinsum(), "mxfp4", M.X)
+  rep = H.linen_report(M.MixedDenseEinsum(), "mxfp4", M.X)
   return [(s.path, s.weight, s.status) for s in rep.sites] == [
       ("dense", "rhs", "quantized"), ("einsum", "rhs", "quantized"), ("out", "rhs", "quantized")]
 
 
 def _mixed_fp32():
-  return H.fp32_bit_identical(H.built_linen(_MixedDenseEinsum(), "fp32", M.X), M.X)
-
-
-class _TiedEncoderDecoder(nn.Module):
-  """An autoencoder whose decoder is the encoder's kernel transposed (tied weights)."""
-
-  @nn.compact
-  def __call__(self, x):
-    w = self.param("tied", nn.initializers.normal(0.1), (D, 16))
-    return jnp.tanh(x @ w) @ w.T
+  return H.fp32_bit_identical(H.built_linen(M.MixedDenseEinsum(), "fp32", M.X), M.X)
 
 
 def _tied_encoder():
-  rep = H.linen_report(_TiedEncoderDecoder(), "mxfp4", M.X)
+  rep = H.linen_report(M.TiedEncoderDecoder(), "mxfp4", M.X)
   return [(s.path, s.weight, s.status) for s in rep.sites] == [
       ("tied", "rhs", "quantized"), ("tied", "rhs", "quantized")]
 
@@ -233,25 +184,12 @@ def _jit_inside():
       H.report(quant.quantized(f, "mxfp4"), p, M.X).sites[0].path == "dense")
 
 
-class _ScannedLM(nn.Module):
-  """nn.scan over two remat'd blocks, auto-named Embed_0 and Dense head."""
-
-  @nn.compact
-  def __call__(self, tokens):
-    x = nn.Embed(V, D)(tokens)
-    block = nn.remat(_Gated)
-    Scanned = nn.scan(lambda m, c, _: (c + m(c), None), variable_axes={"params": 0},
-                      split_rngs={"params": True}, length=2)
-    x, _ = Scanned(block(name="layers"), x, None)
-    return nn.Dense(V, name="head")(x)
-
-
 def _scanned_fp32():
-  return H.fp32_bit_identical(H.built_linen(_ScannedLM(), "fp32", M.TOKENS), M.TOKENS)
+  return H.fp32_bit_identical(H.built_linen(M.ScannedLM(), "fp32", M.TOKENS), M.TOKENS)
 
 
 def _scanned_sites():
-  st = H.status(H.linen_report(_ScannedLM(), "mxfp4", M.TOKENS))
+  st = H.status(H.linen_report(M.ScannedLM(), "mxfp4", M.TOKENS))
   return (st["layers/up"][0] == "quantized" and st["head"][0] == "high precision"
           and len(st) == 4)
 
@@ -320,8 +258,8 @@ def _conv_transpose():
     def __call__(self, x):
       return nn.ConvTranspose(16, (3, 3), strides=(2, 2), name="up")(nn.Conv(32, (3, 3), name="c")(x))
 
-  ok = H.fp32_bit_identical(H.built_linen(Up(), "fp32", IMG), IMG)
-  st = H.status(H.linen_report(Up(), "mxfp4", IMG))
+  ok = H.fp32_bit_identical(H.built_linen(Up(), "fp32", M.IMG), M.IMG)
+  st = H.status(H.linen_report(Up(), "mxfp4", M.IMG))
   return ok and st["up"][0] == "quantized" and st["c"][0] == "quantized"
 
 
