@@ -17,8 +17,12 @@ _CACHE_DIR = (os.environ.get("LPJAX_TEST_CACHE_DIR")
               or os.path.join(tempfile.gettempdir(), "lpjax_jax_cache"))
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 # Child processes (train.py runs, notebooks) read the same folder from here, so a cold run
-# (LPJAX_TEST_CACHE_DIR set to an empty folder) is cold for them too.
+# (LPJAX_TEST_CACHE_DIR set to an empty folder) is cold for them too. JAX_COMPILATION_CACHE_DIR
+# gives it to every child whose test does not set another (a train.py run, `python -m
+# lpjax.advise`, a benchmark): a child compiling what another test already compiled with the same
+# device count loads it, and no test writes into the user's ~/.cache/lpjax (train.py's default).
 os.environ["LPJAX_TEST_CACHE_DIR"] = _CACHE_DIR
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

@@ -11,22 +11,29 @@ its order. tests/test_xdist_order.py checks that every listed file exists.
 from __future__ import annotations
 
 # Cold `make test` on 2 cores, the files' summed test times (pytest --durations), slowest first.
+# A file of one or two slow tests (train.py runs, a notebook, the GPU check's dry run) belongs here
+# even below a minute: loadfile would otherwise start it last.
 SLOW_FILES = (
+    "tests/train/monitor/test_trainer_monitor.py",
     "tests/train/tasks/test_vision_tasks.py",
     "tests/test_notebooks.py",
     "tests/reliability/test_monitor_kill.py",
-    "tests/train/monitor/test_trainer_monitor.py",
     "tests/train/model/test_user_model.py",
-    "tests/reliability/test_stock_environment.py",
     "tests/reliability/test_kill_and_resume.py",
+    "tests/reliability/test_stock_environment.py",
+    "tests/train/monitor/test_trainer_monitor_llama.py",
     "tests/train/step/test_sharding.py",
     "tests/reliability/test_monitor_cases_loops.py",
     "tests/quant/test_monitor_advisor.py",
     "tests/quant/test_monitor.py",
+    "tests/reliability/test_nonfinite.py",
+    "tests/test_advise.py",
     "tests/train/loop/test_train.py",
     "tests/train/loop/test_multiprocess.py",
     "tests/train/model/test_hf_checkpoints.py",
-    "tests/test_advise.py",
+    "tests/train/step/test_gqa_sharding.py",
+    "tests/reliability/test_rule_cases.py",
+    "tests/benchmarks/sweeps/test_ablate.py",
 )
 
 

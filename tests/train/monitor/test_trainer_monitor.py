@@ -25,24 +25,51 @@ def cfg(steps=1, **kw):
   return small("mxfp4", steps=steps, **{"model.factory": FACTORY, "monitor.every": 1, **kw})
 
 
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.records = []
+
+  def emit(self, record):
+    self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+  """(trainer, workdir, warning records of lpjax.train.monitor) of one measured 1-step run on one
+  device with monitor.max_flushed = 0 (a threshold: the compiled steps are those of any 1-step
+  run): the rows test checks its rows, alerts and train step, the fsdp test compares an 8-device
+  run's rows with its rows (one run, its measured step traced and compiled once for both)."""
+  workdir = tmp_path_factory.mktemp("monitor_on")
+  logger, handler = logging.getLogger("lpjax.train.monitor"), _Records()
+  level = logger.level
+  logger.addHandler(handler)
+  logger.setLevel(logging.WARNING)
+  try:
+    trainer = Trainer(cfg(**{"monitor.max_flushed": 0.0}), str(workdir), devices=jax.devices()[:1])
+    trainer.run()
+  finally:
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+  return trainer, workdir, handler.records
+
+
 @pytest.mark.slow
-def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_path, caplog):
-  caplog.set_level(logging.WARNING, logger="lpjax.train.monitor")
+def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_path, measured):
+  trainer, on_dir, records = measured
   one = jax.devices()[:1]
-  trainer = Trainer(cfg(**{"monitor.max_flushed": 0.0}), str(tmp_path / "on"), devices=one)
-  trainer.run()
-  rows = read(tmp_path / "on" / "monitor.jsonl")
+  rows = read(on_dir / "monitor.jsonl")
   assert {r["path"] for r in rows} == {"attn/query", "attn/key", "attn/value", "attn/out", "up",
                                        "down"}
   assert all(r["step"] == 1 and r["recipe"] == "mxfp4" for r in rows)
   # the measured loss is the train step's own (same params, batch and key)
-  assert rows[0]["loss"] == pytest.approx(losses(tmp_path / "on")[0][1], rel=1e-6)
+  assert rows[0]["loss"] == pytest.approx(losses(on_dir)[0][1], rel=1e-6)
 
   state, batch, key = check_against_site_stats(trainer, rows, operands=6 * 6)
   by_site = {r["path"]: r for r in rows}
 
   # one alert line per operand over monitor.max_flushed = 0, naming site, statistic, value, limit
-  lines = [m.getMessage() for m in caplog.records if "monitor alert" in m.getMessage()]
+  lines = [m.getMessage() for m in records if "monitor alert" in m.getMessage()]
   expected = [(r["path"], f"{g}.{o}.flushed", v[o]["flushed"]) for r in rows
               for g, v in ((g, r[g]) for g in ("fwd", "dgrad", "wgrad")) for o in v
               if o != "out_snr_db" and v[o]["flushed"] > 0]
@@ -50,12 +77,12 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
   for path, stat, value in expected:
     assert any(f"{path} {stat} = {value:.4g} > monitor.max_flushed = 0" in l for l in lines)
 
-  metrics = [r for r in read(tmp_path / "on" / "metrics.jsonl") if "monitor/alerts" in r]
+  metrics = [r for r in read(on_dir / "metrics.jsonl") if "monitor/alerts" in r]
   assert metrics[0]["monitor/alerts"] == len(expected)
   assert metrics[0]["monitor_snr/up"] == min(by_site["up"][g]["out_snr_db"]
                                              for g in ("fwd", "dgrad", "wgrad"))
   assert metrics[0]["monitor_gnr/up"] == by_site["up"]["grad_noise_ratio"]
-  assert (tmp_path / "on" / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+  assert (on_dir / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
   # the plain train step is today's: the same HLO with the monitor off
   off = Trainer(cfg(**{"monitor.every": 0}), str(tmp_path / "off"), devices=one)
@@ -65,7 +92,7 @@ def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_p
   # and the measured step makes the same update
   off.run()
   assert not (tmp_path / "off" / "monitor.jsonl").exists()
-  assert losses(tmp_path / "on") == losses(tmp_path / "off")
+  assert losses(on_dir) == losses(tmp_path / "off")
   for a, b in zip(jax.tree.leaves(trainer.final_state.params),
                   jax.tree.leaves(off.final_state.params)):
     assert np.array_equal(a, b)
@@ -114,14 +141,13 @@ def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.slow
-def test_fsdp_rows_match_one_device(tmp_path):
-  one = Trainer(cfg(**{"mesh.data": 1}), str(tmp_path / "one"), devices=jax.devices()[:1])
-  one.run()
+def test_fsdp_rows_match_one_device(tmp_path, measured):
+  _, one_dir, _ = measured  # the same 1-step run on one device
   eight = Trainer(cfg(**{"mesh.data": 1, "mesh.fsdp": 8}), str(tmp_path / "eight"))
   eight.run()
   up = eight.final_state.params["up"]["kernel"]
   assert "fsdp" in str(up.sharding.spec) and len(up.sharding.device_set) == 8
-  a, b = read(tmp_path / "one" / "monitor.jsonl"), read(tmp_path / "eight" / "monitor.jsonl")
+  a, b = read(one_dir / "monitor.jsonl"), read(tmp_path / "eight" / "monitor.jsonl")
   assert [r["path"] for r in a] == [r["path"] for r in b]
   for ra, rb in zip(a, b):  # sharding changes summation orders only
     for g in ("fwd", "dgrad", "wgrad"):
