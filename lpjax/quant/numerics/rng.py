@@ -4,8 +4,7 @@ The bits of element i depend only on the key and i's row-major flat index in the
 never on how the work is split, so a Pallas kernel with any grid reproduces them exactly
 (docs/quant.md, "Rounding"). Per element they cost one multiply-xorshift finalizer (`lowbias32`:
 two multiplies, three xorshifts) of a Weyl sequence `index * m + a`, whose odd multiplier m and
-offset a are derived from the key once (`stream_words`, docs/numerics.md §6 "Random bits"); the
-loop of an element pass turns `index * m + a` into one add per vector. The keys of a GEMM's
+offset a are derived from the key once (`stream_words`, docs/numerics.md §6 "Random bits"). The keys of a GEMM's
 operands and RHT signs are derived from the layer's key with a counter hash too (`fold_in`,
 docs/numerics.md §7 "Keys"): a handful of integer operations, where `jax.random.fold_in`'s
 Threefry rounds compile to about ten XLA kernels per call, about a fifth of an FP4 train step's
