@@ -1,10 +1,10 @@
 """The Pallas kernels: one tile of the 2-D view (`plan.View`) per program.
 
-Every kernel takes a small uint32 `params` vector (PARAMS_* slots: stochastic-rounding key words
-and NVFP4 per-tensor values) and the tiles of its array operands. Random bits are
-`rng.hash_bits(flat index, key)` with the flat index of each element in the quantized array's own
-shape, rebuilt from `pl.program_id`, so they do not depend on the tile grid (docs/quant.md,
-"Rounding"). The kernels run on the Triton backend of Pallas on GPU (`compiler_params` select it;
+Every kernel takes a small uint32 `params` vector (PARAMS_* slots: the stochastic-rounding keys'
+stream words and NVFP4 per-tensor values) and the tiles of its array operands. Random bits are
+`rng.hash_bits(flat index, *rng.stream_words(key))` with the flat index of each element in the
+quantized array's own shape, rebuilt from `pl.program_id`, so they do not depend on the tile grid
+(docs/quant.md, "Rounding"). The kernels run on the Triton backend of Pallas on GPU (`compiler_params` select it;
 JAX's default GPU backend is Mosaic GPU) and in interpret mode anywhere.
 
 Examples:
@@ -38,18 +38,19 @@ U32 = jnp.uint32
 I32 = jnp.int32
 U8 = jnp.uint8
 F32 = jnp.float32
-# Slots of the params vector (KEY_ROWS: the key of the first direction, KEY_COLS: the second;
-# FLAT_OFFSET: added to every flat index, the global position of a shard's first element).
+# Slots of the params vector (KEY_ROWS: the stream words (a, m) of the first direction's key,
+# KEY_COLS: the second's; FLAT_OFFSET: added to every flat index, the global position of a
+# shard's first element).
 KEY_ROWS, KEY_COLS, AMAX_T, NV_C_SIG, NV_C_EXP, NV_RECIP, FLAT_OFFSET = 0, 2, 4, 5, 6, 7, 8
 N_PARAMS = 16  # a power of two (a Triton block); slots 9.. unused
 
 
 def make_params(key_rows=None, key_cols=None, amax_t_bits=None, nvfp4=None):
-  """The uint32 params vector: key words (rows, cols), NVFP4 amax_t and per-tensor constants."""
+  """The uint32 params vector: keys' stream words (rows, cols), NVFP4 amax_t and per-tensor constants."""
   words = [U32(0)] * N_PARAMS
   for slot, key in ((KEY_ROWS, key_rows), (KEY_COLS, key_cols)):
     if key is not None:
-      words[slot], words[slot + 1] = rng.key_words(key)
+      words[slot], words[slot + 1] = rng.stream_words(key)
   if amax_t_bits is not None:
     words[AMAX_T] = amax_t_bits
   if nvfp4 is not None:

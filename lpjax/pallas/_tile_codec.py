@@ -169,6 +169,7 @@ def unpack_nibbles(packed, axis: int):
   return nibbles.reshape(shape[:axis] + (2 * shape[axis],) + shape[axis + 1:])
 
 
-def random_bits(flat_index, k0, k1):
-  """The stochastic-rounding bits of `lpjax.quant.numerics.rng` for uint32 flat indices."""
-  return rng.hash_bits(flat_index, k0, k1)
+def random_bits(flat_index, a, m):
+  """The stochastic-rounding bits of `lpjax.quant.numerics.rng` for uint32 flat indices and a
+  key's stream words (a, m) (`rng.stream_words`)."""
+  return rng.hash_bits(flat_index, a, m)

@@ -1,7 +1,9 @@
 """The structure of the compiled quantizer, a speed property checked without timing: fake_quant of
 an FP4 format reads its operand twice (the block amax, then the element pass), writes one output,
 and in between runs a fixed, small number of kernels over per-group arrays (the scale byte and one
-gather of its factors: lpjax.quant.codec.factor_tables), with no Threefry in stochastic rounding.
+gather of its factors: lpjax.quant.codec.factor_tables), with no Threefry in stochastic rounding;
+its element pass converts no float to an integer, and the SR bits cost one multiply-xorshift
+finalizer per element.
 
 Before the per-group factors were looked up by scale byte, mxfp4 compiled to 10 such kernels and
 nvfp4 to 16 (each factor, mask and scale its own pass over the groups, plus a conditional and a
@@ -64,3 +66,59 @@ def test_fake_quant_passes_over_the_operand_and_the_groups(fmt, group, most, rou
   kernels = _kernels_at_least(text, groups)
   assert kernels <= most, f"{kernels} kernels over per-group or larger arrays, at most {most}"
   assert "threefry" not in text.lower()  # SR bits: the counter hash of lpjax.quant.numerics.rng
+
+
+def _element_pass(text):
+  """The fused computation of the entry's root fusion (the element pass), as text."""
+  entry = text[text.index("\nENTRY"):]
+  root = re.search(r"ROOT %\S+ = \S+ fusion\(.*calls=%([\w.\-]+)", entry).group(1)
+  body = text[text.index("\n%" + root + " ") + 1:]
+  return body[:body.index("\n}")]
+
+
+def _float_to_int_converts(body):
+  """convert instructions from f32 to s32 / u32 in a computation's text."""
+  types, count = {}, 0
+  for line in body.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%(\S+) = (\w+)\[[^\]]*\](?:\{[^}]*\})? ([\w\-]+)\(([^)]*)\)", line)
+    if m:
+      types[m.group(1)] = m.group(2)
+      if m.group(3) == "convert" and m.group(2) in ("s32", "u32"):
+        count += types.get(m.group(4).strip().lstrip("%")) == "f32"
+  return count
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "nvfp4_16x16"])
+def test_fp4_element_pass_converts_no_float_to_an_integer(fmt, rounding):
+  """XLA clamps every float -> int conversion and tests it for NaN (five or six instructions per
+  vector on x86): the element pass takes SR's fraction F and a subnormal decode's integer from
+  float bits instead (fast_elements.fraction_bits, apply_multiplier). It had one in RTN (the
+  subnormal decode) and two in SR (and F)."""
+  body = _element_pass(_compiled_text(fmt, rounding))
+  assert _float_to_int_converts(body) == 0, body
+
+
+def _elementwise_ops(fn, n):
+  """Primitive counts of the jaxpr of fn(), over equations with an output of shape (n,)."""
+  counts = {}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      sub = eqn.params.get("jaxpr")
+      if sub is not None:
+        walk(getattr(sub, "jaxpr", sub))
+      elif any(getattr(v.aval, "shape", ()) == (n,) for v in eqn.outvars):
+        counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+  walk(jax.make_jaxpr(fn)().jaxpr)
+  return counts
+
+
+def test_sr_bits_cost_one_multiply_xorshift_finalizer_per_element():
+  """random_bits per element: the Weyl step i * m + a and lowbias32 (docs/numerics.md §6), i.e.
+  3 multiplies (+ 1 of the flat index's stride), 3 xorshifts; the two fmix32 rounds before were 6
+  multiplies and 22 integer operations."""
+  n = 4096
+  ops = _elementwise_ops(lambda: quant.random_bits(jax.random.key(0), (n,)), n)
+  arith = sum(ops.get(p, 0) for p in ("mul", "add", "xor", "shift_right_logical", "or", "and"))
+  assert ops.get("mul", 0) <= 4 and arith <= 12, ops

@@ -2,7 +2,7 @@
 
 Once a group's scale byte is known (e8m0: k + 127; ue4m3: s_b; 0xFF / 0x7F for a group holding a
 NaN or Inf), everything the element pass needs from the group is a function of that byte and of
-per-tensor values: the encode factors (s, s_sub), the decode factors (m_c, shifted) and the NaN
+per-tensor values: the encode factors (s, s_sub), the decode factors (m_c, shift) and the NaN
 masks (keep, nan) of `fast_elements` / `group_codec._fast_elements`. So they are computed once
 per tensor for all 256 bytes (a table of `COLUMNS` words per byte) and each group gathers its row.
 
@@ -40,7 +40,7 @@ from lpjax.quant.numerics.materialize import opaque_zero
 U32 = jnp.uint32
 
 # Columns of a row (uint32 words): encode factors, decode factors, NaN-group masks.
-S, S_SUB, M_C, SHIFTED, KEEP, NAN = range(6)
+S, S_SUB, M_C, SHIFT, KEEP, NAN = range(6)
 COLUMNS = 6
 _BYTES = 256
 
@@ -48,10 +48,10 @@ _BYTES = 256
 def _rows(s_bits, m_bits, bad):
   """(256, COLUMNS) uint32 rows from per-byte encode / decode multiplier bits and NaN flags."""
   s, s_sub = fast.encode_factors(s_bits)
-  m_c, shifted = fast.decode_factors(m_bits)
+  m_c, shift = fast.decode_factors(m_bits)
   keep = jnp.where(bad, U32(0), U32(0xFFFFFFFF))
   nan = jnp.where(bad, U32(sc.F32_NAN_BITS), U32(0))
-  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shifted.astype(U32), keep,
+  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shift, keep,
                     nan], axis=-1)
 
 

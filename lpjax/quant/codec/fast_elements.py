@@ -30,9 +30,8 @@ subnormal inputs and results to zero, e.g. XLA:CPU, or may not, e.g. GPUs):
    + 2)), `floor`, `ceil` and `round` (half to even) are exact, and ties away compare the exact frac = t - floor(t) with 0.5. The code is (binade << mbits) + q, as
    in the exact codec (a carry of q moves to the next binade by itself). v is clipped at
    2**(sat_exp + 1) first (exact): any v at or above it saturates in every mode.
-   Stochastic rounding: frac = t - floor(t) is exact (Sterbenz), F = floor(frac * 2**32) is exact
-   (a power-of-two scaling, then floor, then a conversion of an integer below 2**32), and the
-   rounding-up rule R >= 2**32 - F is the exact codec's integer comparison.
+   Stochastic rounding: F = floor(frac(t) * 2**32) is read off t's bits, shifted (`fraction_bits`),
+   and the rounding-up rule R >= 2**32 - F is the exact codec's integer comparison.
 4. Tiny products (2.): every element grid has steps >= 2**-16, so any value below 2**-100 rounds to 0
    in the nearest and toward-zero modes, and gets F = 0 (never rounds up) in stochastic rounding,
    whether it was flushed or not. In the directed modes a tiny non-zero product rounds away from
@@ -174,15 +173,21 @@ def encode_factors(s_bits):
 
 
 def decode_factors(m_bits):
-  """Per-group (m_c float32, shifted bool) of the decode multiplier M (finite, >= 0).
+  """Per-group (m_c float32, shift uint32) of the decode multiplier M (finite, >= 0).
 
-  M >= 2**-100: m_c = M. Smaller M: m_c = M * 2**149 exactly and shifted = True (docstring, 5).
+  M >= 2**-100: m_c = M and shift = 0. Smaller M: m_c = M * 2**149 exactly and shift = 149 << 23,
+  the exponent-field offset `apply_multiplier` takes off a normal product (docstring, 5).
   """
   m_bits = m_bits.astype(U32) & U32(fb.ABS_MASK)
   shifted = m_bits < U32((127 - 100) << 23)
   normal = m_bits >= U32(0x800000)
   scaled = jnp.where(normal, _as_float(m_bits + U32(149 << 23)), m_bits.astype(F32))
-  return jnp.where(shifted, scaled, _as_float(m_bits)), shifted
+  return (jnp.where(shifted, scaled, _as_float(m_bits)),
+          jnp.where(shifted, U32(_SHIFT_BITS), U32(0)))
+
+
+_SHIFT_BITS = 149 << 23  # 0x4A800000; plus its bit 0x800000, 0x4B000000 = float32 bits of 2**23
+_TWO_23_BITS = 0x4B000000
 
 
 # --- per-element work -----------------------------------------------------------------------------
@@ -224,14 +229,29 @@ def round_magnitude(v, element, rounding: str, *, negative, random_bits=None, no
     q = jnp.where(away, up, jnp.floor(t))
   elif rounding == "stochastic":
     floor = jnp.floor(t)
-    frac_bits = jnp.floor((t - floor) * jnp.float32(2.0 ** 32)).astype(U32)
-    up = random_bits.astype(U32) > ~frac_bits  # R >= 2**32 - F, as in fp32_bits.round_to_grid
+    up = random_bits.astype(U32) > ~fraction_bits(t)  # R >= 2**32 - F, as fp32_bits.round_to_grid
     q = floor + up.astype(F32)
   else:
     raise ValueError(f"Unknown rounding mode {rounding!r}.")
   code = (((binade - grid.emin).astype(U32)) << grid.mbits) + q.astype(I32).astype(U32)
   code = jnp.minimum(code, U32(grid.max_code))
   return code, jnp.minimum(q * _pow2(ulp_exp), jnp.float32(element.max_value))
+
+
+def fraction_bits(t):
+  """F = floor(frac(t) * 2**32) as uint32 for float32 t >= 0 (module docstring, 3), from t's bits.
+
+  t = mant * 2**(e - 150) with mant = 2**23 | (its 23 fraction bits) and e its exponent field, so
+  t * 2**32 = mant * 2**(e - 118) and F is that product mod 2**32 (the integer part of t shifts
+  out of the word), floored: mant << (e - 118) or mant >> (118 - e). A shift by 32 or more gives
+  0 (XLA's shifts, as x86's variable shifts), so both are taken and ORed. t = 0 and subnormal t
+  (e = 0, t < 2**-126) give 0, as floor(frac * 2**32) does. Cheaper than floor, subtract,
+  multiply, floor and a float to uint32 conversion (which XLA clamps).
+  """
+  bits = fb.to_bits(t)
+  e = bits >> 23
+  mant = (bits & U32(0x7FFFFF)) | U32(0x800000)
+  return (mant << (e - U32(118))) | (mant >> (U32(118) - e))
 
 
 def _round_even_of_sum(value, m_c):
@@ -257,8 +277,8 @@ def _round_even_of_sum(value, m_c):
   return jnp.where(tie & (err > 0), fl + 1, jnp.where(tie & (err < 0), fl, q))
 
 
-def apply_multiplier(value, m_c, shifted, *, power_of_two: bool, wide: bool = False):
-  """float32 bits of fl32(value * M) for value >= 0 and `decode_factors` (m_c, shifted).
+def apply_multiplier(value, m_c, shift, *, power_of_two: bool, wide: bool = False):
+  """float32 bits of fl32(value * M) for value >= 0 and `decode_factors` (m_c, shift).
 
   power_of_two: M is a power of two (e8m0), so a subnormal product P is an exact integer already.
   wide: values with more than 2 significant bits (`is_wide(element)`): a subnormal result is
@@ -267,15 +287,20 @@ def apply_multiplier(value, m_c, shifted, *, power_of_two: bool, wide: bool = Fa
   """
   p = value * m_c
   p_bits = fb.to_bits(p)
-  subnormal = shifted & (p < jnp.float32(2.0 ** 23))
-  if power_of_two:
-    rounded = p
-  elif wide:
-    rounded = _round_even_of_sum(value, m_c)
+  # A subnormal result: shifted and P < 2**23, as one compare with a per-group bound (2**23 where
+  # shift is 149 << 23, else 0; P >= 0 or NaN), not a per-group bool ANDed with a per-element
+  # compare, which LLVM turns into a dozen mask conversions per vector on x86.
+  bound = fb.from_bits(shift + (shift & U32(0x800000)))  # 149 is odd: + 2**23 makes 0x4B000000
+  subnormal = p < bound
+  if wide and not power_of_two:
+    rounded = _round_even_of_sum(value, m_c).astype(I32).astype(U32)
   else:
-    rounded = _round_even(p)
-  normal = p_bits - jnp.where(shifted, U32(149 << 23), U32(0))
-  return jnp.where(subnormal, rounded.astype(I32).astype(U32), normal)
+    # round-half-even of 0 <= P < 2**23 (an integer already for M = 2**k; exact for e2m1, module
+    # docstring 5) as the bits of P + 2**23 less those of 2**23: exact, since P + 2**23 rounds to
+    # an integer (and an FMA of the exact product with 2**23 gives the same sum). XLA's float to
+    # int conversion would clamp and test for NaN on every element.
+    rounded = fb.to_bits(p + jnp.float32(2.0 ** 23)) - U32(_TWO_23_BITS)
+  return jnp.where(subnormal, rounded, p_bits - shift)
 
 
 def canonical_nan(out_bits):

@@ -68,8 +68,8 @@ def _fast_elements(x_bits, abs_bits, rows, element, rounding, random_bits, want_
   codes = _with_sign(mag, negative, element) & keep
   if not want_values:
     return codes, None
-  m_c, shifted = ft.column(rows, ft.M_C, jnp.float32), ft.column(rows, ft.SHIFTED) != 0
-  out = fast.apply_multiplier(value, m_c, shifted, power_of_two=power_of_two,
+  m_c, shift = ft.column(rows, ft.M_C, jnp.float32), ft.column(rows, ft.SHIFT)
+  out = fast.apply_multiplier(value, m_c, shift, power_of_two=power_of_two,
                               wide=fast.is_wide(element))
   out = out | (x_bits & U32(fb.SIGN_MASK))
   out = (out & keep) | nan
@@ -81,8 +81,8 @@ def _group_rows(s_bits, m_bits, bad, opaque_zero):
   byte): each column materialized once per group."""
   s, s_sub, keep, nan = materialize(fast.encode_factors(s_bits) + _bad_group_masks(bad),
                                     opaque_zero)
-  m_c, shifted = materialize(fast.decode_factors(m_bits), opaque_zero)
-  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shifted.astype(U32), keep,
+  m_c, shift = materialize(fast.decode_factors(m_bits), opaque_zero)
+  return jnp.stack([fb.to_bits(s), fb.to_bits(s_sub), fb.to_bits(m_c), shift, keep,
                     nan], axis=-1)
 
 
@@ -253,8 +253,8 @@ def _fast_decode(codes, m_bits, element, opaque_zero, power_of_two=False):
   """fl32(value(code) * M) bits with the fast path's multiply (`fast_elements.apply_multiplier`)."""
   value_bits = sc.decode_bits(codes, element.name)
   (m_bits,) = materialize((m_bits,), opaque_zero)
-  m_c, shifted = fast.decode_factors(m_bits)
-  out = fast.apply_multiplier(fb.from_bits(value_bits & U32(fb.ABS_MASK)), m_c, shifted,
+  m_c, shift = fast.decode_factors(m_bits)
+  out = fast.apply_multiplier(fb.from_bits(value_bits & U32(fb.ABS_MASK)), m_c, shift,
                               power_of_two=power_of_two, wide=fast.is_wide(element))
   out = out | (value_bits & U32(fb.SIGN_MASK))
   return out if power_of_two else fast.canonical_nan(out)

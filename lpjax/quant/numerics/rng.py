@@ -2,10 +2,13 @@
 
 The bits of element i depend only on the key and i's row-major flat index in the array's shape,
 never on how the work is split, so a Pallas kernel with any grid reproduces them exactly
-(docs/quant.md, "Rounding"). The keys of a GEMM's operands and RHT signs are derived from the
-layer's key with the same kind of hash (`fold_in`, docs/numerics.md §7 "Keys"): a handful of
-integer operations, where `jax.random.fold_in`'s Threefry rounds compile to about ten XLA kernels
-per call, about a fifth of an FP4 train step's compile time on XLA:CPU.
+(docs/quant.md, "Rounding"). Per element they cost one multiply-xorshift finalizer (`lowbias32`:
+two multiplies, three xorshifts) of a Weyl sequence `index * m + a`, whose odd multiplier m and
+offset a are derived from the key once (`stream_words`, docs/numerics.md §6 "Random bits"). The keys of a GEMM's
+operands and RHT signs are derived from the layer's key with a counter hash too (`fold_in`,
+docs/numerics.md §7 "Keys"): a handful of integer operations, where `jax.random.fold_in`'s
+Threefry rounds compile to about ten XLA kernels per call, about a fifth of an FP4 train step's
+compile time on XLA:CPU.
 
 Examples:
   >>> import jax
@@ -13,6 +16,9 @@ Examples:
   >>> bits.dtype, bits.shape
   (dtype('uint32'), (2, 3))
   >>> bool((random_bits(jax.random.key(0), (6,)) == bits.reshape(6)).all())
+  True
+  >>> a, m = stream_words(jax.random.key(0))
+  >>> bool((hash_bits(jax.numpy.arange(6, dtype=jax.numpy.uint32), a, m) == bits.reshape(6)).all())
   True
   >>> a, b = (random_bits(fold_in(jax.random.key(0), tag), (8,)) for tag in (1, 2))
   >>> bool((a != b).all())   # another tag, another stream
@@ -60,10 +66,48 @@ def key_words(key):
   return k0, k1
 
 
-def hash_bits(flat_index, k0, k1):
-  """uint32 random bits of the element at `flat_index` (uint32) for key words (k0, k1)."""
-  h = fmix32((flat_index * U32(0x9E3779B1)) ^ k0)
-  return fmix32(h ^ k1 ^ U32(0x7F4A7C15))
+# lowbias32 (C. Wellons' search-optimized 32-bit integer hash, the [16 21f0aaad 15 d35a2d97 15]
+# variant): one multiply-xorshift finalizer with full avalanche.
+_LOWBIAS_MUL = (0x21F0AAAD, 0xD35A2D97)
+# stream_words' salts: the key's words are mixed with them before becoming (a, m).
+_OFFSET_SALT = 0x3C6EF372
+_MULTIPLIER_SALT = 0xA54FF53A
+
+
+def lowbias32(h):
+  """h ^= h >> 16; h *= 0x21F0AAAD; h ^= h >> 15; h *= 0xD35A2D97; h ^= h >> 15 (uint32): a
+  bijection in which every output bit depends on every input bit."""
+  h = h ^ (h >> 16)
+  h = h * U32(_LOWBIAS_MUL[0])
+  h = h ^ (h >> 15)
+  h = h * U32(_LOWBIAS_MUL[1])
+  return h ^ (h >> 15)
+
+
+def hash_bits(flat_index, a, m):
+  """uint32 random bits of the element at `flat_index` (uint32) for the stream words (a, m) of a
+  key (`stream_words`): lowbias32(flat_index * m + a), all arithmetic mod 2**32."""
+  return lowbias32(flat_index * m + a)
+
+
+def stream_words(key):
+  """The (offset a, odd multiplier m) uint32 words of a key's stream, computed once per key:
+  a = fmix32(k0 ^ 0x3C6EF372), m = fmix32(k1 ^ a ^ 0xA54FF53A) | 1 for the key's words (k0, k1)
+  (`key_words`). Distinct keys get distinct multipliers, so their streams are different Weyl
+  sequences, not shifted copies of one."""
+  k0, k1 = key_words(key)
+  words = _stream_words(k0, k1)
+  return words[0], words[1]
+
+
+@jax.jit
+def _stream_words(k0, k1):
+  a = fmix32(k0 ^ U32(_OFFSET_SALT))
+  m = fmix32(k1 ^ a ^ U32(_MULTIPLIER_SALT)) | U32(1)
+  # Computed once: XLA would otherwise fuse these scalar hashes into every element's bits.
+  words = jnp.stack([a, m])
+  (words,) = materialize((words,), opaque_zero(words))
+  return words
 
 
 def flat_index(shape):
@@ -79,8 +123,8 @@ def flat_index(shape):
 def random_bits(key, shape) -> jax.Array:
   """uint32 random bits of `shape`, a pure function of the key and each element's flat index."""
   shape = tuple(int(d) for d in shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-  k0, k1 = key_words(key)
-  return hash_bits(flat_index(shape), k0, k1)
+  a, m = stream_words(key)
+  return hash_bits(flat_index(shape), a, m)
 
 
 _TAG_MULTIPLIER = 0x9E3779B1  # odd: distinct tags below 2**32 give distinct words
