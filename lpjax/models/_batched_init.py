@@ -50,6 +50,10 @@ def fan_avg_uniform(scale: float = 1.0):
       return plain(key, shape, dtype)
     shape, dtype = tuple(int(d) for d in shape), jnp.dtype(dtype)
     stream, draws = state
+    if key is not getattr(stream, "last", None):
+      raise ValueError("fan_avg_uniform under batched_init() needs the key just drawn from the "
+                       "batched_init rngs' params stream (a split or vmapped stream's key cannot "
+                       "be deferred): build this model outside batched_init().")
     # The stream has just been called for `key` (fold_in(stream key, count), count then += 1):
     # record that count; fill() redoes the fold_ins of all draws as one vmapped threefry.
     count = stream.calls - 1
@@ -99,7 +103,8 @@ class _CountingStream(nnx.RngStream):
 
   def __call__(self):
     self.calls = getattr(self, "calls", 0) + 1
-    return super().__call__()
+    self.last = super().__call__()
+    return self.last
 
 
 @contextlib.contextmanager

@@ -53,3 +53,11 @@ def test_jitted_init_is_a_fraction_of_the_per_kernel_init():
   # init unrolled one threefry per fold_in and per kernel (9680 instructions for this model).
   new, old = _instructions(INIT), _instructions(REFERENCE)
   assert new * 2 < old, (new, old)
+
+
+def test_a_key_not_from_the_batched_stream_is_refused_not_silently_redrawn():
+  from lpjax.models._batched_init import batched_init
+  with batched_init(KEY) as (rngs, _):
+    rngs.params()
+    with np.testing.assert_raises_regex(ValueError, "key just drawn"):
+      fan_avg_uniform()(jax.random.key(5), (4, 8), jnp.float32)
