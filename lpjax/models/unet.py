@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lpjax.models._batched_init import batched_init, fan_avg_uniform
 from lpjax.nn import QConv, QDense, QEinsum, apply_policy
 from lpjax.quant import QuantPolicy
 
@@ -152,7 +153,7 @@ def _init(zero: bool):
   # DDPM: variance_scaling(1, fan_avg, uniform); the layers closing a residual branch start at 0.
   if zero:
     return nnx.initializers.zeros_init()
-  return nnx.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+  return fan_avg_uniform(1.0)  # variance_scaling(1, fan_avg, uniform), batched by init_params
 
 
 def _conv(cfg, n_in, n_out, rngs, *, kernel=3, strides=1, zero=False):
@@ -341,7 +342,10 @@ def abstract_model(cfg: UNetConfig, policy: QuantPolicy | None = None):
 
 
 def init_params(cfg: UNetConfig, key):
-  model = UNet(cfg, rngs=nnx.Rngs(params=key))
+  """The initial parameters: variance_scaling(1, fan_avg, uniform) kernels drawn one vmapped
+  uniform per kernel shape (the same values as one draw per kernel, a much smaller jitted init)."""
+  with batched_init(key) as (rngs, fill):
+    model = fill(UNet(cfg, rngs=rngs))
   return nnx.split(model, nnx.Param)[1]
 
 
