@@ -109,7 +109,7 @@ CURRENT_PY ?= $(shell for v in 3.12 3.13; do python$$v -c '' 2>/dev/null && { ec
 	done; echo python3.12)
 CURRENT_TESTS ?= tests/quant/test_jax_compat.py tests/quant/test_intercept.py \
 	tests/quant/test_intercept_kept_dtype.py tests/quant/test_intercept_short_k.py tests/nn \
-	tests/models/test_hf_llama.py tests/models/test_llama_causality.py \
+	tests/models/test_hf_llama.py tests/models/test_llama_causality.py tests/models/test_unet_init.py \
 	tests/pallas/test_pallas_lowering.py tests/pallas/test_fp4_gemm_lowering.py \
 	tests/train/loop/test_train.py::test_tiny_configs_run_and_write_results tests/train/state/test_checkpoint.py \
 	tests/benchmarks/gpu_check/test_gpu_check.py \
