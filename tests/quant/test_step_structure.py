@@ -72,6 +72,9 @@ def test_site_keys_are_the_bits_of_jax_random_fold_in_and_draw_no_threefry():
   prims = _primitives(jax.make_jaxpr(lambda k, i: policy.site_keys(k, paths[:2], i))(key, 2).jaxpr)
   assert prims["random_fold_in"] == prims["threefry2x32"] == prims["while"] == 0, prims
   assert prims["pjit:_threefry_words"] == 2  # one hash per fold, for both paths together
+  # compiled (XLA:CPU): no while loop (before: one rolled Threefry loop per fold, 2 per site)
+  hlo = jax.jit(lambda k: jax.random.key_data(policy.site_key(k, paths[0]))).lower(key).compile()
+  assert hlo.as_text().count(" while(") == 0
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
