@@ -37,6 +37,7 @@ from lpjax.models._causal_values import causal_values, key_span
 from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
+from lpjax.quant.monitor import observer as monitor
 
 # Logical axes of the parameters, by path (lpjax.train.step._sharding maps them onto the mesh).
 PARTITION_RULES = (
@@ -175,6 +176,13 @@ def _dense(cfg, n_in, n_out, rngs, std, axes):
                 kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
+def _site(key, block, keys, layer):
+  """The key of `layer`'s GEMM: from the block's `keys` (Block.site_keys), else its own."""
+  if layer.path in (keys or {}):
+    return keys[layer.path]
+  return layer.site_key(key, block)
+
+
 class Attention(nnx.Module):
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, std = cfg.hidden, 0.02
@@ -189,9 +197,9 @@ class Attention(nnx.Module):
     self.attn_scores = QEinsum("bqhd,bkhd->bhqk", rngs=rngs)
     self.attn_values = QEinsum("bhqk,bkhd->bqhd", rngs=rngs)
 
-  def __call__(self, x, key, block):
+  def __call__(self, x, key, block, keys=None):
     b, length, d = x.shape
-    site = lambda layer: layer.site_key(key, block)
+    site = functools.partial(_site, key, block, keys)
     split = lambda t: constrain(t.reshape(b, length, -1, self.head_dim), _HEADS)
     q = rope(split(self.q_proj(x, key=site(self.q_proj))), self.theta, self.rope_scaling)
     k = rope(split(self.k_proj(x, key=site(self.k_proj))), self.theta, self.rope_scaling)
@@ -219,8 +227,8 @@ class MLP(nnx.Module):
     self.down_proj = _dense(cfg, cfg.intermediate, cfg.hidden, rngs, out_std,
                             ("mlp", "embed"))
 
-  def __call__(self, x, key, block):
-    site = lambda layer: layer.site_key(key, block)
+  def __call__(self, x, key, block, keys=None):
+    site = functools.partial(_site, key, block, keys)
     h = _swiglu(self.gate_proj(x, key=site(self.gate_proj)), self.up_proj(x, key=site(self.up_proj)))
     return self.down_proj(constrain(h, _MLP), key=site(self.down_proj))
 
@@ -235,8 +243,27 @@ class Block(nnx.Module):
 
   def __call__(self, x, key, block):
     """`key`: the step's key; each GEMM folds in its path and `block` (QuantPolicy.site_key)."""
-    x = constrain(x + self.attn(self.attn_norm(x), key, block), _EMBED)
-    return constrain(x + self.mlp(self.mlp_norm(x), key, block), _EMBED)
+    keys = self.site_keys(key, block)
+    x = constrain(x + self.attn(self.attn_norm(x), key, block, keys), _EMBED)
+    return constrain(x + self.mlp(self.mlp_norm(x), key, block, keys), _EMBED)
+
+  def site_keys(self, key, block) -> dict:
+    """{path: key} of this block's GEMMs: a quantized layer's `site_key`, bit for bit, derived
+    together with the others (`QuantPolicy.site_keys`: two vectorized hashes per block, not two
+    per GEMM); None for a high-precision layer (whose GEMM draws no random bits). {}: each layer
+    derives its own (no key, or layers with policies of their own)."""
+    a, m = self.attn, self.mlp
+    layers = (a.q_proj, a.k_proj, a.v_proj, a.attn_scores, a.attn_values, a.o_proj,
+              m.gate_proj, m.up_proj, m.down_proj)
+    policy = layers[0].policy
+    if key is None or policy is None or any(l.policy != policy for l in layers):
+      return {}
+    quantized = [l.path for l in layers if not l.active_recipe().is_high_precision]
+    keys = dict.fromkeys((l.path for l in layers), None)
+    keys.update(zip(quantized, policy.site_keys(key, quantized, block)))
+    for l in layers:
+      monitor.note_block(l.path, block)  # as each layer's own site_key does
+    return keys
 
 
 class Llama(nnx.Module):

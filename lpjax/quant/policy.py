@@ -68,6 +68,7 @@ from typing import Sequence, Union
 import jax
 
 from lpjax.quant import recipes
+from lpjax.quant.numerics import threefry
 from lpjax.quant.recipes.gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
 # how precise a recipe is, and the recipe a kept layer runs (defined beside GemmRecipe)
 from lpjax.quant.recipes.gemm_recipe import kept_recipe, precision_rank  # noqa: F401
@@ -307,8 +308,37 @@ class QuantPolicy:
     path = path_str(path)
     if block is None:
       block = self.block_index(path)
-    key = jax.random.fold_in(key, zlib.crc32(self.canonical_path(path).encode()) & 0x7FFFFFFF)
-    return key if block is None else jax.random.fold_in(key, block)
+    key = threefry.fold_in(key, zlib.crc32(self.canonical_path(path).encode()) & 0x7FFFFFFF)
+    return key if block is None else threefry.fold_in(key, block)
+
+  def site_keys(self, key, paths: Sequence, block=None) -> list:
+    """`site_key(key, path, block)` of each of `paths`, bit for bit, derived together: each of the
+    two folds is one vectorized Threefry hash over all the paths (not one per path), so a block's
+    GEMMs cost the compiled step two small hashes, not two per GEMM. A list (None when `key` is).
+
+    Examples:
+      >>> import jax
+      >>> p, k = QuantPolicy(), jax.random.key(0)
+      >>> paths = ["layers/2/mlp/up", "layers/2/attn/q", "lm_head"]
+      >>> together = p.site_keys(k, paths)
+      >>> all(bool((jax.random.key_data(a) == jax.random.key_data(p.site_key(k, q))).all())
+      ...     for a, q in zip(together, paths))
+      True
+    """
+    paths = [path_str(q) for q in paths]
+    if key is None:
+      return [None] * len(paths)
+    blocks = [self.block_index(q) if block is None else block for q in paths]
+    crcs = [zlib.crc32(self.canonical_path(q).encode()) & 0x7FFFFFFF for q in paths]
+    if len(paths) < 2 or not threefry.is_threefry_key(key):
+      return [self.site_key(key, q, b) for q, b in zip(paths, blocks)]
+    keys = list(threefry.fold_in_each(key, crcs))
+    with_block = [i for i, b in enumerate(blocks) if b is not None]
+    if with_block:
+      folded = threefry.fold_in_each([keys[i] for i in with_block], [blocks[i] for i in with_block])
+      for i, k in zip(with_block, folded):
+        keys[i] = k
+    return keys
 
   def recipe_for(self, path, *, block: int | None = None) -> GemmRecipe:
     """The GemmRecipe of the layer at `path` (a "/"-joined string or a tuple of keys); `block`

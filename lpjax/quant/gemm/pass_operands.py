@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from lpjax.quant.gemm import operand as opq
 from lpjax.quant.gemm import weight_gather as wg
 from lpjax.quant.schemes.hadamard import hadamard
-from lpjax.quant.schemes.quest import quest
+from lpjax.quant.schemes.quest import quest, quest_with_mask
 from lpjax.quant.gemm.operand import LHS, RHS
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
 
@@ -83,7 +83,10 @@ def through_trust_mask(g, x, side: int, key, recipe: GemmRecipe, memo: dict | No
   signs, block = gemm_signs(key, recipe, "fwd", memo)
   op = recipe.fwd.operands()[side]
   xk, _ = to_last(x, -1 if side == LHS else -2, True)  # X (M, K) / W^T (N, K)
-  mask = quest(opq.rotate(xk, block, -1, signs), op.format.block_size)[1]
+  if memo is not None:  # the forward's Q(x) of this backward computed it already: its mask
+    mask = _quest_once(x, xk, side, op, signs, block, memo)[1]
+  else:
+    mask = quest(opq.rotate(xk, block, -1, signs), op.format.block_size)[1]
   k_axis = -1 if side == LHS else -2
   if side == RHS:
     mask = jnp.swapaxes(mask, -1, -2)
@@ -154,10 +157,27 @@ def fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_
   `gemm_signs`."""
   op = recipe.fwd.operands()[side]
   signs, block = gemm_signs(key, recipe, "fwd", memo)
+  given = x
   x, axis = to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
   kw = dict(axis=axis, key=operand_key(key, op, "fwd", side), signs=signs, block=block)
   axes, weight = _layout_axes(x, "fwd", side, w_axes, side == RHS and axis == -1)
+  if (memo is not None and not pack and recipe.trust_masked and op.sr_prescale is None
+      and not wg.active(axes, x.shape, op.format, block)):  # QuEST: values and mask at once
+    values, _ = _quest_once(given, x, side, op, signs, block, memo)
+    return values.astype(recipe.compute_dtype or x.dtype), axis
   return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
+
+
+def _quest_once(given, xk, side: int, op, signs, block, memo: dict):
+  """QuEST's (values, trust mask) of forward operand `side` (`given`; `xk`: its K axis last,
+  `to_last`), computed once per GEMM call and `memo`: Quartet's backward takes the forward's Q(X)
+  and Q(W) (from_fwd) and their trust masks from one RHT and one QuEST of each, bit for bit
+  `opq.fake`'s values and `through_trust_mask`'s mask (which computed both again)."""
+  entry = memo.get(("quest", side))
+  if entry is None or entry[0] is not given:
+    xs = opq.rotate(xk, block, -1, signs) if block else xk
+    entry = memo[("quest", side)] = (given, quest_with_mask(xs, op.format.block_size))
+  return entry[1]
 
 
 def pass_operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *,

@@ -7,4 +7,6 @@ Modules, and what they offer to the rest of lpjax (lpjax.pallas builds its kerne
 - `rng`: the counter hash behind stochastic rounding (`hash_bits`, `stream_words`, `random_bits`,
   `fold_in`; docs/numerics.md §6).
 - `materialize`: per-group values computed once (the XLA:CPU fusion workaround).
+- `threefry`: `jax.random.fold_in`'s bits without its Threefry loop (`fold_in`, `fold_in_each`:
+  the GEMM sites' keys, `QuantPolicy.site_key`).
 """
