@@ -180,3 +180,35 @@ def test_a_sites_statistics_do_not_depend_on_the_rows_finished_with_it():
   for i, part in parts.items():
     assert np.asarray(together[i]).tobytes() == np.asarray(finish(part)).tobytes()
 
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4"])
+def test_the_measured_step_quantizes_each_operand_once(recipe, monkeypatch):
+  """The operand statistics read the quantizations the GEMM multiplies (pass_operands'
+  OPERAND_OBSERVER): one quantizer call per quantized operand in the lowered measured function
+  (3 layers x 6 operands), where the statistics used to quantize all six again next to the
+  step's own (18 fake_quant + 18 quantize); and the statistics equal, bit for bit, those of the
+  operands quantized again from the same inputs and keys."""
+  import collections
+  import re
+
+  from lpjax.quant.monitor import observer
+  from lpjax.quant.monitor.site_stats import measured_value_and_grad
+
+  params, batch = _params(3), _batches(1)[0]
+  call = lambda p, b: quant.quantized(_loss, recipe)(p, b, quant_key=jax.random.key(1))
+  sites = discover(call, params, batch)
+  f = measured_value_and_grad(call, sites)
+  text = jax.jit(f).lower(params, batch).as_text()
+  calls = collections.Counter(re.sub(r"_[0-9]+$", "", m)
+                              for m in re.findall(r"call @(_[a-z_]*quant[a-z_0-9]*)", text))
+  assert calls["_quantize_xla"] + calls["_fake_quant_xla"] == 3 * 6, calls
+  loss, grads, stats = jax.jit(f)(params, batch)
+  plain_loss, plain_grads = jax.jit(jax.value_and_grad(call))(params, batch)
+  assert np.asarray(loss).tobytes() == np.asarray(plain_loss).tobytes()
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  import contextlib
+  monkeypatch.setattr(observer, "_seeing", lambda active: contextlib.nullcontext({}))
+  _, _, again = jax.jit(measured_value_and_grad(call, sites))(params, batch)
+  for k in sites:
+    np.testing.assert_array_equal(np.asarray(stats[k]), np.asarray(again[k]), err_msg=str(k))
