@@ -194,6 +194,19 @@ def quantize_view(x, op: OperandQuant, *, axis: int, key, signs=None, block: int
   return xs, x_hat, q
 
 
+def fake_seen(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None,
+              dtype=None, pack: bool = False):
+  """(`fake(...)`, or `pack(...)` if `pack`; and `quantize_view(...)`'s (xs, x_hat, q)) from one
+  quantization, for a core format (not SSP, not a scheme): the GEMM multiplies what the monitor
+  measures (bit-identical to `fake`: the codes and scales decoded, as `unpack` does)."""
+  dtype = x.dtype if dtype is None else dtype
+  xs = _pre(x, op, axis, signs, block)
+  q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
+  x_hat = dequantize(q, jnp.float32)
+  view = (jax.lax.stop_gradient(xs).astype(jnp.float32), jax.lax.stop_gradient(x_hat), q)
+  return (q if pack else _post(x_hat.astype(xs.dtype), op, dtype)), view
+
+
 def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
   """Numerics statistics of quantizing `x` with `op` (never used by the computation itself).
 

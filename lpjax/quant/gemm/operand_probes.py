@@ -2,7 +2,8 @@
 
 `quantizer_inputs` gives, for each quantized operand of `dot_general`'s three passes (in
 `QUANTIZER_PLACES` order), the tensor its quantizer sees with the layout, keys and Hadamard signs
-the custom VJP uses (`lpjax.quant.monitor` measures these); `operand_stats` gives the numerics
+the custom VJP uses (`lpjax.quant.monitor` measures these where it cannot read the GEMM's own
+quantization: `pass_operands.OPERAND_OBSERVER`); `operand_stats` gives the numerics
 statistics of the forward GEMM's quantized operands. Both recompute the quantization from the
 same keys (so the same values) and leave the GEMM itself untouched.
 

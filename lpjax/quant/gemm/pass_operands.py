@@ -23,6 +23,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextvars
+
 import jax
 import jax.numpy as jnp
 
@@ -32,6 +34,15 @@ from lpjax.quant.schemes.hadamard import hadamard
 from lpjax.quant.schemes.quest import quest, quest_with_mask
 from lpjax.quant.gemm.operand import LHS, RHS
 from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
+
+
+# The monitor's operand hook (`lpjax.quant.monitor.observer`), set around the fwd / bwd rules of
+# one measured GEMM: None (always, outside a measurement), or `seen(gemm, side, op, view)`, called
+# for each operand this module quantizes with a core format (not SSP, not a scheme), with `view`
+# = (xs, x_hat, q) as `operand.quantize_view` gives them, from the one quantization the GEMM
+# multiplies (`operand.fake_seen`): the statistics read it, no operand is quantized twice.
+OPERAND_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("lpjax_operand_observer",
+                                                                  default=None)
 
 
 def as_key(key):
@@ -109,17 +120,24 @@ def to_last(x, axis: int, work: bool):
   return x, axis
 
 
-def _quantized(x, op, axes, weight: bool, recipe: GemmRecipe, *, pack: bool, **kw):
+def _quantized(x, op, axes, weight: bool, recipe: GemmRecipe, *, pack: bool, place=None, **kw):
   """opq.pack (a QArray) or opq.fake (values) of an operand, pinned to its shards.
 
   Under `weight_sharding` (the trainer's FSDP step), an operand with logical axes `axes` (in x's
   layout) keeps its quantization on its own shards: an activation's rows stay split over the
   batch, and a weight (`weight`) is quantized on its shards and, unless packed as a residual,
   gathered as codes and scales (`lpjax.quant.gemm.weight_gather`); a high-precision weight is
-  gathered in the compute dtype.
+  gathered in the compute dtype. `place`: (gemm, side) of this quantizer, for OPERAND_OBSERVER.
   """
-  plain = lambda: (opq.pack(x, op, **kw) if (pack and op is not None) else
-                   opq.fake(x, op, dtype=recipe.compute_dtype, **kw))
+  seen = OPERAND_OBSERVER.get() if place is not None else None
+
+  def plain():
+    if seen is not None and op is not None and not op.is_ssp and not op.scheme:
+      out, view = opq.fake_seen(x, op, pack=pack, dtype=recipe.compute_dtype, **kw)
+      seen(*place, op, view)
+      return out
+    return (opq.pack(x, op, **kw) if (pack and op is not None) else
+            opq.fake(x, op, dtype=recipe.compute_dtype, **kw))
   if (op is not None and op.format is None) or not wg.active(
       axes, x.shape, op.format if op is not None else None, kw.get("block")):
     return plain()
@@ -165,7 +183,7 @@ def fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_
       and not wg.active(axes, x.shape, op.format, block)):  # QuEST: values and mask at once
     values, _ = _quest_once(given, x, side, op, signs, block, memo)
     return values.astype(recipe.compute_dtype or x.dtype), axis
-  return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
+  return _quantized(x, op, axes, weight, recipe, pack=pack, place=("fwd", side), **kw), axis
 
 
 def _quest_once(given, xk, side: int, op, signs, block, memo: dict):
@@ -201,7 +219,7 @@ def pass_operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *,
   x, axis = to_last(x, axis, op is not None or bool(block))
   kw = dict(axis=axis, key=operand_key(key, op, gemm, side), signs=signs, block=block)
   axes, weight = _layout_axes(x, gemm, side, w_axes, axis % x.ndim != before)
-  return _quantized(x, op, axes, weight, recipe, pack=pack, **kw), axis
+  return _quantized(x, op, axes, weight, recipe, pack=pack, place=(gemm, side), **kw), axis
 
 
 def reuse(x, side: int, axis: int, key, recipe: GemmRecipe, *, pack: bool = False, w_axes=None,

@@ -9,8 +9,9 @@ around each GEMM that a recipe runs. Three modes:
   GEMM runs unchanged. Used under `jax.eval_shape`.
 - "stats": the GEMM runs through its own custom-VJP rules (the same bits) inside a custom VJP that
   also takes a zero "sink" array per site; the sink's cotangent carries the statistics' additive
-  sums (`lpjax.quant.monitor.sink`), computed in the backward pass from the GEMM's operands and
-  the incoming dY: per operand quantization the sums of `operand_numerics.STATS`, per pass those
+  sums (`lpjax.quant.monitor.sink`), computed from the GEMM's operands and the incoming dY: per
+  operand quantization the sums of `operand_numerics.STATS`, read from the quantization the GEMM's
+  own rules make (`pass_operands.OPERAND_OBSERVER`: no operand is quantized twice), per pass those
   of the SNR of the quantized product against the high-precision product of the same operands
   (`out_snr_db`), of `grad_noise_ratio`, and the number of calls. A site in a scan over blocks
   writes row `block` of its sink (the scan sums the rows' cotangents: one row per block); the
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from lpjax.quant import recipes
 from lpjax.quant.gemm import dot_general as dg
 from lpjax.quant.gemm import operand as opq
+from lpjax.quant.gemm import pass_operands as po
 from lpjax.quant.intercept import evaluator
 from lpjax.quant.intercept.sites import QUANTIZED, Site
 from lpjax.quant.monitor import sink as sink_lib
@@ -210,30 +212,53 @@ def quantized_operands(recipe) -> tuple:
 
 def _measured(lhs3, rhs3, key, sink, row, recipe, fwd, bwd, operand_stats=True):
   """The GEMM (its own fwd / bwd rules, so the same bits) with its statistics' sums as sink's
-  cotangent (added to row `row`)."""
+  cotangent (added to row `row`). The operand statistics are read from the quantizations the
+  rules make themselves (`pass_operands.OPERAND_OBSERVER`): no operand is quantized twice."""
 
   @jax.custom_vjp
   def gemm(lhs3, rhs3, key, sink, row):
     return fwd(lhs3, rhs3, key)[0]
 
   def gemm_fwd(lhs3, rhs3, key, sink, row):
-    y, res = fwd(lhs3, rhs3, key)
-    return y, (res, lhs3, rhs3, key, y, row, jnp.zeros_like(sink))
+    with _seeing(operand_stats) as seen:
+      y, res = fwd(lhs3, rhs3, key)
+    return y, (res, lhs3, rhs3, key, y, row, jnp.zeros_like(sink), seen)
 
   def gemm_bwd(saved, dy):
-    res, lhs3, rhs3, key, y, row, zeros = saved
-    dx, dw, _ = bwd(res, dy)
+    res, lhs3, rhs3, key, y, row, zeros, seen = saved
+    with _seeing(operand_stats) as seen_bwd:
+      dx, dw, _ = bwd(res, dy)
+    # the forward's quantizations are the forward rule's (a backward pass that reuses them
+    # quantizes the forward's operand again: the same values)
+    seen = {**seen, **{k: v for k, v in seen_bwd.items() if k[0] != "fwd"}}
     # The statistics read the tensors through a product with an opaque 1.0 (exact): an elementwise
     # consumer that XLA fuses like the run's own, so that no tensor of the run is materialized or
     # fused otherwise than without the monitor (a bias gradient's sum of dY keeps its bits).
     one = jax.lax.optimization_barrier(jnp.ones((), jnp.float32))
-    seen = [a * one.astype(a.dtype) for a in (lhs3, rhs3, dy, y, dx, dw)]
-    values = _statistics(*seen[:2], key, *seen[2:], recipe, operand_stats)
+    seen_arrays = [a * one.astype(a.dtype) for a in (lhs3, rhs3, dy, y, dx, dw)]
+    values = _statistics(*seen_arrays[:2], key, *seen_arrays[2:], recipe, operand_stats, seen)
     ct = jax.lax.dynamic_update_slice(zeros, values[None, :], (row, jnp.int32(0)))
     return dx, dw, None, ct, None
 
   gemm.defvjp(gemm_fwd, gemm_bwd)
   return gemm(lhs3, rhs3, key, sink, row)
+
+
+@contextlib.contextmanager
+def _seeing(active: bool):
+  """Within the block, {(gemm, side): operand_sums} of each operand the GEMM's rules quantize
+  (the first quantization of each; nothing when not `active`)."""
+  got: dict = {}
+
+  def seen(gemm, side, op, view):
+    if (gemm, side) not in got:
+      got[(gemm, side)] = operand_sums(*view, op)
+
+  token = po.OPERAND_OBSERVER.set(seen if active else None)
+  try:
+    yield got
+  finally:
+    po.OPERAND_OBSERVER.reset(token)
 
 
 def _power_err(ref, approx):
@@ -256,11 +281,22 @@ def _nonfinite(*arrays):
   return sum(jnp.sum((~jnp.isfinite(a.astype(jnp.float32))).astype(jnp.float32)) for a in arrays)
 
 
-def _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe, operand_stats=True):
-  """The sink row of one GEMM call: the sums of `lpjax.quant.monitor.sink` (float32[SIZE])."""
+def _statistics(lhs3, rhs3, key, dy, y, dx, dw, recipe, operand_stats=True, seen=None):
+  """The sink row of one GEMM call: the sums of `lpjax.quant.monitor.sink` (float32[SIZE]).
+  `seen`: {(gemm, side): operand_sums} of the quantizations the GEMM made itself; an operand not
+  there (a quantizer the hook does not see: SSP, a scheme, a weight gathered as codes) is
+  quantized again from the same inputs and keys (the same values)."""
   dy3 = dy.reshape(lhs3.shape[:-1] + rhs3.shape[-1:])
-  operands = {}
-  for d in dg.quantizer_inputs(lhs3, rhs3, dy3, key, recipe) if operand_stats else ():
+  operands, seen = {}, seen or {}
+  for gemm, side, name, _, _ in dg.QUANTIZER_PLACES if operand_stats else ():
+    source = ("fwd", side) if getattr(recipe, gemm).operands()[side] == REUSE_FWD else (gemm,
+                                                                                         side)
+    if source in seen:
+      operands[(gemm, name)] = seen[source]
+  missing = [] if not operand_stats else [
+      d for d in dg.quantizer_inputs(lhs3, rhs3, dy3, key, recipe)
+      if (d["gemm"], d["operand"]) not in operands]
+  for d in missing:
     view = opq.quantize_view(d["x"], d["op"], axis=d["axis"], key=d["key"], signs=d["signs"],
                              block=d["block"])
     operands[(d["gemm"], d["operand"])] = operand_sums(*view, d["op"])

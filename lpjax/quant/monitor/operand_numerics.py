@@ -83,10 +83,10 @@ def finish(s: dict) -> dict:
   power, err = s["power"], s["err"]
   hist = s["exponents"]
   e = jnp.arange(EXP_BINS, dtype=jnp.float32) + EXP_LO
-  n = jnp.sum(hist, -1)
+  n = _tree_sum(hist)
   none = ~(n > 0)  # no block with a scale (or no scales kept: NaN)
-  mean = jnp.sum(hist * e, -1) / safe(n)
-  var = jnp.sum(hist * jnp.square(e - mean[..., None]), -1) / safe(n)
+  mean = _tree_sum(hist * e) / safe(n)
+  var = _tree_sum(hist * jnp.square(e - mean[..., None])) / safe(n)
   present = hist > 0
   out = dict(
       snr_db=jnp.where(err > 0, 10.0 * jnp.log10(power / safe(err)), jnp.inf),
@@ -99,6 +99,19 @@ def finish(s: dict) -> dict:
       clamped_scales=s["clamped"] / jnp.maximum(s["live"], 1),
   )
   return {k: jnp.asarray(out[k], jnp.float32) for k in STATS}
+
+
+def _tree_sum(x):
+  """The sum over the last axis in a fixed pairwise order (zero-padded to a power of two, then
+  halved by elementwise adds): the same float32 value however many rows, operands and sites are
+  finished together (XLA's own reduce may order its adds by the shape)."""
+  n = x.shape[-1]
+  width = 1 << max(n - 1, 0).bit_length()
+  x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+  while width > 1:
+    width //= 2
+    x = x[..., :width] + x[..., width:]
+  return x[..., 0]
 
 
 def _nonzero(x):

@@ -68,23 +68,40 @@ def _ratio_db(power, err):
 
 def finish(acc) -> jnp.ndarray:
   """float32[..., len(SINK_FIELDS)] statistics of float32[..., SIZE] sums (of any number of
-  calls): NaN where not measured, where the site never ran (calls 0) or saw non-finite values."""
-  cols = {}
-  for i, (g, o) in enumerate(OPERANDS):
-    base = i * _OPERAND
-    sums = {k: acc[..., base + j] for j, k in enumerate(SUMS)}
-    sums["exponents"] = acc[..., base + len(SUMS):base + _OPERAND]
-    for s, v in finish_operand(sums).items():
-      cols[f"{g}.{o}.{s}"] = v
-  for g in PASSES:
-    cols[f"{g}.out_snr_db"] = _ratio_db(acc[..., _PRODUCT[g]], acc[..., _PRODUCT[g] + 1])
+  calls): NaN where not measured, where the site never ran (calls 0) or saw non-finite values.
+
+  One computation over every operand, pass and row at once (the operands' sums side by side on
+  an axis of their own), not one per field: the same elementwise arithmetic and reductions, so
+  the same values, in a fixed handful of HLO ops whatever the number of sites (`finish_all`)."""
+  lead = acc.shape[:-1]
+  per_operand = acc[..., :_TAIL].reshape(lead + (len(OPERANDS), _OPERAND))
+  sums = {k: per_operand[..., j] for j, k in enumerate(SUMS)}
+  sums["exponents"] = per_operand[..., len(SUMS):]
+  stats = finish_operand(sums)  # {stat: [..., operand]}
+  operands = jnp.stack([stats[s] for s in STATS], axis=-1).reshape(lead + (-1,))
+  products = acc[..., _TAIL:_TAIL + 2 * len(PASSES)].reshape(lead + (len(PASSES), 2))
+  out_snr = _ratio_db(products[..., 0], products[..., 1])
   signal, noise = acc[..., _GRAD], acc[..., _GRAD + 1]
   safe = jnp.where(noise > 0, noise, 1.0)
-  cols["grad_noise_ratio"] = jnp.where(noise > 0, jnp.sqrt(signal / safe), jnp.inf)
+  ratio = jnp.where(noise > 0, jnp.sqrt(signal / safe), jnp.inf)
   calls, nonfinite = acc[..., _CALLS], acc[..., _NONFINITE]
   meaningful = (calls > 0) & (nonfinite == 0)
-  out = [jnp.where(meaningful, cols[f], jnp.nan) for f in SINK_FIELDS[:-2]]
-  return jnp.stack(out + [calls, nonfinite], axis=-1).astype(jnp.float32)
+  values = jnp.concatenate([operands, out_snr, ratio[..., None]], axis=-1)
+  values = jnp.where(meaningful[..., None], values, jnp.nan)
+  return jnp.concatenate([values, calls[..., None], nonfinite[..., None]],
+                         axis=-1).astype(jnp.float32)
+
+
+def finish_all(sums: dict) -> dict:
+  """{key: `finish`(sums[key])} of several sites' sums (float32[rows, SIZE] each), finished as
+  one array (their rows stacked): one computation for every site of a measured step."""
+  if not sums:
+    return {}
+  keys = list(sums)
+  rows = [sums[k].shape[0] for k in keys]
+  done = finish(jnp.concatenate([sums[k] for k in keys], axis=0))
+  starts = np.cumsum([0] + rows)
+  return {k: done[a:b] for k, a, b in zip(keys, starts[:-1], starts[1:])}
 
 
 def status(values: dict, prefix: str | None = None) -> str:

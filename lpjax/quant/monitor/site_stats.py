@@ -88,7 +88,7 @@ def measured_value_and_grad(call: Callable, sites: dict, *, has_aux: bool = Fals
 
     loss, (grads, sums) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=has_aux)(
         params, sinks)
-    return loss, grads, {k: sink_lib.finish(v) for k, v in sums.items()}
+    return loss, grads, sink_lib.finish_all(sums)
 
   return f
 
