@@ -122,3 +122,25 @@ def test_sr_bits_cost_one_multiply_xorshift_finalizer_per_element():
   ops = _elementwise_ops(lambda: quant.random_bits(jax.random.key(0), (n,)), n)
   arith = sum(ops.get(p, 0) for p in ("mul", "add", "xor", "shift_right_logical", "or", "and"))
   assert ops.get("mul", 0) <= 4 and arith <= 12, ops
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_16x16"])
+def test_a_tensor_scale_builds_one_factor_table_per_operand(fmt, monkeypatch):
+  """With a tensor scale the 256-row table is built once, by the exact tail (the float tail gave
+  the same bits where it was exact, but both were traced and compiled at every operand: half of
+  an E4M3-scaled U-Net step's extra instructions). Here: no float tail is traced, the exact tail
+  once per fake_quant; the values are checked bit for bit by the conformance and oracle tests."""
+  from lpjax.quant.codec import scales_fast
+  calls = {"float": 0, "exact": 0}
+  float_tail, exact_tail = scales_fast._float_tail, scales_fast._tail_tables
+
+  def counted(name, fn):
+    def wrapper(*args, **kwargs):
+      calls[name] += 1
+      return fn(*args, **kwargs)
+    return wrapper
+
+  monkeypatch.setattr(scales_fast, "_float_tail", counted("float", float_tail))
+  monkeypatch.setattr(scales_fast, "_tail_tables", counted("exact", exact_tail))
+  jax.jit(lambda x: quant.fake_quant(x, fmt)).lower(jax.ShapeDtypeStruct((64, 64), jnp.float32))
+  assert calls == {"float": 0, "exact": 1}, calls

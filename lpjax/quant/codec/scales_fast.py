@@ -29,8 +29,11 @@ can make the intermediate products subnormal. Here:
   - decode multiplier fl32(fl32(s_b_val * amax_t) * fl32(1/2688)): >= 2**-120 when not 0; for
     amax_t >= 2**64 both paths form it at amax_t * 2**-64 and scale the result back by 2**64
     (exact: every intermediate is normal), so it never overflows.
-  Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) take the exact
-  routines for the tail (`lax.cond`, per tensor). Once S_enc and amax_t are fixed, the tail
+  Other tensors (amax_t below 2**-100, or a given tensor_amax of inf or NaN) need the exact
+  routines. With a tensor scale every tensor now takes the exact routines for the tail (the
+  float tail's bits wherever that one is exact): a `lax.cond` between the two traced and compiled
+  both at every operand, about half of an E4M3-scaled U-Net step's quantizer instructions. The
+  float tail serves S_enc = 1 (no tensor scale). Once S_enc and amax_t are fixed, the tail
   depends on a block only through its byte s_b, so both are computed for all 256 bytes (the exact
   one by `_tail_tables`, jitted on scalars, traced once per process instead of once per quantizer:
   tracing the tail per quantizer was a third of an NVFP4 LLaMA step's lowering time) and each
@@ -68,13 +71,6 @@ from lpjax.quant.numerics.materialize import materialize, opaque_zero
 
 U32 = jnp.uint32
 _E4M3 = formats.ELEMENT_FORMATS["e4m3"]
-_SMALLEST_SAFE_AMAX_T = 0x0D800000  # float32 bits of 2**-100
-
-
-def in_range(amax_t_bits):
-  """Whether the float path is exact for this tensor: amax_t == 0 or 2**-100 <= amax_t < inf."""
-  return (amax_t_bits == 0) | ((amax_t_bits >= U32(_SMALLEST_SAFE_AMAX_T))
-                               & (amax_t_bits < U32(fb.INF_BITS)))
 
 
 def _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale):
@@ -211,7 +207,9 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
 
   if not use_tensor_scale:
     return float_path(s_b, U32(0))
-  return jax.lax.cond(in_range(amax_t_bits), float_path, _table_multiplier, s_b, amax_t_bits)
+  # With a tensor scale: the exact table's entry (the float path's bits wherever that one is
+  # exact), one gather per block; not a cond tracing and compiling both at every operand.
+  return _table_multiplier(s_b, amax_t_bits)
 
 
 def _rceil_k(bits: int, c: fractions.Fraction) -> int:
