@@ -33,11 +33,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lpjax import quant
+from lpjax.models import _site_keys
 from lpjax.models._causal_values import causal_values, key_span
 from lpjax.models.llama_sizes import LLAMA_SIZES, LlamaSize
 from lpjax.nn import QDense, QEinsum, apply_policy, constrain
 from lpjax.quant import REUSE_FWD, QuantPolicy, fake_quant_operand
-from lpjax.quant.monitor import observer as monitor
 
 # Logical axes of the parameters, by path (lpjax.train.step._sharding maps them onto the mesh).
 PARTITION_RULES = (
@@ -176,13 +176,6 @@ def _dense(cfg, n_in, n_out, rngs, std, axes):
                 kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
-def _site(key, block, keys, layer):
-  """The key of `layer`'s GEMM: from the block's `keys` (Block.site_keys), else its own."""
-  if layer.path in (keys or {}):
-    return keys[layer.path]
-  return layer.site_key(key, block)
-
-
 class Attention(nnx.Module):
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     d, std = cfg.hidden, 0.02
@@ -199,7 +192,7 @@ class Attention(nnx.Module):
 
   def __call__(self, x, key, block, keys=None):
     b, length, d = x.shape
-    site = functools.partial(_site, key, block, keys)
+    site = functools.partial(_site_keys.site, key, block, keys)
     split = lambda t: constrain(t.reshape(b, length, -1, self.head_dim), _HEADS)
     q = rope(split(self.q_proj(x, key=site(self.q_proj))), self.theta, self.rope_scaling)
     k = rope(split(self.k_proj(x, key=site(self.k_proj))), self.theta, self.rope_scaling)
@@ -228,7 +221,7 @@ class MLP(nnx.Module):
                             ("mlp", "embed"))
 
   def __call__(self, x, key, block, keys=None):
-    site = functools.partial(_site, key, block, keys)
+    site = functools.partial(_site_keys.site, key, block, keys)
     h = _swiglu(self.gate_proj(x, key=site(self.gate_proj)), self.up_proj(x, key=site(self.up_proj)))
     return self.down_proj(constrain(h, _MLP), key=site(self.down_proj))
 
@@ -248,22 +241,10 @@ class Block(nnx.Module):
     return constrain(x + self.mlp(self.mlp_norm(x), key, block, keys), _EMBED)
 
   def site_keys(self, key, block) -> dict:
-    """{path: key} of this block's GEMMs: a quantized layer's `site_key`, bit for bit, derived
-    together with the others (`QuantPolicy.site_keys`: two vectorized hashes per block, not two
-    per GEMM); None for a high-precision layer (whose GEMM draws no random bits). {}: each layer
-    derives its own (no key, or layers with policies of their own)."""
+    """{path: key} of this block's GEMMs, derived together (`_site_keys.block_site_keys`)."""
     a, m = self.attn, self.mlp
-    layers = (a.q_proj, a.k_proj, a.v_proj, a.attn_scores, a.attn_values, a.o_proj,
-              m.gate_proj, m.up_proj, m.down_proj)
-    policy = layers[0].policy
-    if key is None or policy is None or any(l.policy != policy for l in layers):
-      return {}
-    quantized = [l.path for l in layers if not l.active_recipe().is_high_precision]
-    keys = dict.fromkeys((l.path for l in layers), None)
-    keys.update(zip(quantized, policy.site_keys(key, quantized, block)))
-    for l in layers:
-      monitor.note_block(l.path, block)  # as each layer's own site_key does
-    return keys
+    return _site_keys.block_site_keys((a.q_proj, a.k_proj, a.v_proj, a.attn_scores, a.attn_values,
+                                      a.o_proj, m.gate_proj, m.up_proj, m.down_proj), key, block)
 
 
 class Llama(nnx.Module):

@@ -60,7 +60,6 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import zlib
 from typing import Sequence, Union
@@ -69,7 +68,7 @@ import jax
 
 from lpjax.quant import recipes
 from lpjax.quant.numerics import threefry
-from lpjax.quant.recipes.gemm_recipe import RESIDUAL_MODES, GemmQuant, GemmRecipe
+from lpjax.quant.recipes.gemm_recipe import RESIDUAL_MODES, GemmRecipe, forward_only, with_residuals
 # how precise a recipe is, and the recipe a kept layer runs (defined beside GemmRecipe)
 from lpjax.quant.recipes.gemm_recipe import kept_recipe, precision_rank  # noqa: F401
 
@@ -349,9 +348,9 @@ class QuantPolicy:
       return kept_recipe(recipes.get(self.high_precision), own)
     recipe = own
     if self.residuals and not recipe.is_high_precision and recipe.residuals != self.residuals:
-      recipe = _with_residuals(recipe, self.residuals)
+      recipe = with_residuals(recipe, self.residuals)
     if self.forward_only and not recipe.is_high_precision:
-      recipe = _forward_only(recipe)
+      recipe = forward_only(recipe)
     return recipe
 
   def own_recipe(self, path) -> GemmRecipe:
@@ -397,15 +396,3 @@ def _recipe_problem(what: str, recipe) -> list[str]:
   except (ValueError, TypeError, KeyError) as e:
     return [f"{what}: {e}".rstrip(".")]
   return []
-
-
-@functools.lru_cache(maxsize=None)
-def _with_residuals(recipe: GemmRecipe, residuals: str) -> GemmRecipe:
-  return dataclasses.replace(recipe, residuals=residuals)
-
-
-@functools.lru_cache(maxsize=None)
-def _forward_only(recipe: GemmRecipe) -> GemmRecipe:
-  """`recipe` with high-precision backward GEMMs (its forward quantization kept)."""
-  return dataclasses.replace(recipe, dgrad=GemmQuant(), wgrad=GemmQuant(),
-                             name=f"{recipe.name or 'recipe'}:fwd_only")

@@ -28,6 +28,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Union
 
 import jax.numpy as jnp
@@ -303,3 +304,16 @@ def kept_recipe(high_precision: GemmRecipe, own: GemmRecipe) -> GemmRecipe:
   """
   rank = precision_rank(own)
   return own if rank and rank >= precision_rank(high_precision) else high_precision
+
+
+@functools.lru_cache(maxsize=None)
+def with_residuals(recipe: GemmRecipe, residuals: str) -> GemmRecipe:
+  """`recipe` with its backward residuals kept as `residuals` (one of RESIDUAL_MODES)."""
+  return dataclasses.replace(recipe, residuals=residuals)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_only(recipe: GemmRecipe) -> GemmRecipe:
+  """`recipe` with high-precision backward GEMMs (its forward quantization kept)."""
+  return dataclasses.replace(recipe, dgrad=GemmQuant(), wgrad=GemmQuant(),
+                             name=f"{recipe.name or 'recipe'}:fwd_only")
