@@ -44,7 +44,7 @@ def _sylvester(n):
 M32 = 0xFFFFFFFF
 
 
-def _fmix32(h):
+def fmix32(h):
   """MurmurHash3's 32-bit finalizer on Python ints."""
   h ^= h >> 16
   h = (h * 0x85EBCA6B) & M32
@@ -58,9 +58,9 @@ def ref_fold_in(key, tag):
   data = np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
                     else key, np.uint32).reshape(-1)
   k0, k1 = int(data[0]), int(data[-1])
-  t = _fmix32((tag * 0x9E3779B1 + 0x632BE5AB) & M32)
-  a = _fmix32(k0 ^ t)
-  b = _fmix32(k1 ^ a ^ 0x2545F491)
+  t = fmix32((tag * 0x9E3779B1 + 0x632BE5AB) & M32)
+  a = fmix32(k0 ^ t)
+  b = fmix32(k1 ^ a ^ 0x2545F491)
   return np.uint32([b, a])
 
 

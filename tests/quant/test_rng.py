@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gemm_reference import ref_fold_in, ref_key  # noqa: E402
+from gemm_reference import M32, fmix32, ref_fold_in, ref_key  # noqa: E402
 
 from lpjax import quant  # noqa: E402
 from lpjax.quant.gemm import operand as opq  # noqa: E402
@@ -68,21 +68,10 @@ def test_fold_in_runs_under_jit_and_vmap_and_accepts_traced_tags():
 
 # ----------------------------------------------------------------------------- the SR bits' hash
 
-M32 = 0xFFFFFFFF
-
-
-def _fmix32(h):
-  h ^= h >> 16
-  h = (h * 0x85EBCA6B) & M32
-  h ^= h >> 13
-  h = (h * 0xC2B2AE35) & M32
-  return h ^ (h >> 16)
-
-
 def _ref_random_bits(k0, k1, n):
   """docs/numerics.md §6 "Random bits", in numpy uint64 arithmetic mod 2**32."""
-  a = _fmix32(k0 ^ 0x3C6EF372)
-  m = _fmix32(k1 ^ a ^ 0xA54FF53A) | 1
+  a = fmix32(k0 ^ 0x3C6EF372)
+  m = fmix32(k1 ^ a ^ 0xA54FF53A) | 1
   h = (np.arange(n, dtype=np.uint64) * np.uint64(m) + np.uint64(a)) & np.uint64(M32)
   h ^= h >> np.uint64(16)
   h = (h * np.uint64(0x21F0AAAD)) & np.uint64(M32)
@@ -98,7 +87,7 @@ def test_random_bits_are_the_contract_hash(key):
   ref = _ref_random_bits(k0, k1, 3 * 700)
   np.testing.assert_array_equal(np.asarray(quant.random_bits(key, (3, 700))).ravel(), ref)
   a, m = (int(w) for w in _rng.stream_words(key))
-  assert m % 2 == 1 and (a, m) == (_fmix32(k0 ^ 0x3C6EF372), _fmix32(k1 ^ a ^ 0xA54FF53A) | 1)
+  assert m % 2 == 1 and (a, m) == (fmix32(k0 ^ 0x3C6EF372), fmix32(k1 ^ a ^ 0xA54FF53A) | 1)
   if k0 == 0 and k1 == 0:  # key(0): the words are zero, the stream is not a bare counter
     assert a != 0 and m != 1
 
