@@ -60,7 +60,6 @@ def quest(x, group: int = 32):
   return (round_e2m1(t, "nearest_toward_zero") * e).reshape(x.shape), (jnp.abs(t) < 6).reshape(x.shape)
 
 
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def quest_with_mask(x, group: int = 32):
   """`quest(x, group)` with a straight-through gradient for its values (the trust mask is the
