@@ -140,6 +140,7 @@ def test_a_tensor_scale_builds_one_factor_table_per_operand(fmt, monkeypatch):
       return fn(*args, **kwargs)
     return wrapper
 
+  jax.clear_caches()  # an earlier test's fake_quant trace would otherwise be reused, counting 0
   monkeypatch.setattr(scales_fast, "_float_tail", counted("float", float_tail))
   monkeypatch.setattr(scales_fast, "_tail_tables", counted("exact", exact_tail))
   jax.jit(lambda x: quant.fake_quant(x, fmt)).lower(jax.ShapeDtypeStruct((64, 64), jnp.float32))
