@@ -10,6 +10,7 @@ nvfp4 to 16 (each factor, mask and scale its own pass over the groups, plus a co
 second max over the block amaxes for NVFP4's tensor amax).
 """
 
+import math
 import re
 
 import jax
@@ -53,8 +54,10 @@ def _operand_reads(text):
 
 # (format, elements per scaling group, most per-group-or-larger kernels): mxfp4 = amax reduction,
 # factor gather, element pass; NVFP4 adds the scale-byte kernel in each branch of the tail's
-# conditional (float / exact; one runs) and a copy of the block amaxes for the tensor amax.
-CASES = [("mxfp4", 32, 3), ("nvfp4", 16, 6), ("nvfp4_16x16", 256, 6)]
+# conditional (float / exact; one runs) and a copy of the block amaxes for the tensor amax; nvfp4's
+# two-step amax (group_codec.group_amax) is a fusion XLA fuses no consumer into, so the amaxes'
+# `materialize` (a divide by 1 that LLVM folds) is one more kernel: a copy of 1/16 of x's bytes.
+CASES = [("mxfp4", 32, 3), ("nvfp4", 16, 7), ("nvfp4_16x16", 256, 6)]
 
 
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
@@ -66,6 +69,40 @@ def test_fake_quant_passes_over_the_operand_and_the_groups(fmt, group, most, rou
   kernels = _kernels_at_least(text, groups)
   assert kernels <= most, f"{kernels} kernels over per-group or larger arrays, at most {most}"
   assert "threefry" not in text.lower()  # SR bits: the counter hash of lpjax.quant.numerics.rng
+
+
+_INSTR = re.compile(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]\S* (\S+?)\((.*)")
+
+
+def _full_size_reductions(text, size):
+  """(operand shape, reduced dimensions) of every reduce in the module whose operand has at
+  least `size` elements."""
+  shapes, found = {}, []
+  for line in text.splitlines():
+    m = _INSTR.match(line)
+    if not m:
+      continue
+    name, dims, op, rest = m.groups()
+    shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+    if op == "reduce":
+      operand = shapes.get(rest.split(",")[0].strip().lstrip("%"), ())
+      reduced = re.search(r"dimensions=\{([\d,]*)\}", rest).group(1)
+      if operand and math.prod(operand) >= size:
+        found.append((operand, {int(d) for d in reduced.split(",") if d}))
+  return found
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_block_amax_reduces_no_minor_axis_wider_than_a_vector(fmt, rounding):
+  """XLA:CPU vectorizes a reduction across its outputs: over a minor axis of 32 (mxfp4) or 16
+  (nvfp4) it loaded x one word at a time, eight groups to a vector (~11 instructions per 8
+  elements, most of them shuffles). group_codec.group_amax first takes whole-vector maxima of each
+  group's 8-word runs (a reduction over a non-minor axis), then the 8 lanes (~5 per 8 elements)."""
+  reductions = _full_size_reductions(_compiled_text(fmt, rounding), SHAPE[0] * SHAPE[1])
+  assert reductions, "no reduction over x found"
+  for shape, dims in reductions:
+    assert len(shape) - 1 not in dims or shape[-1] <= 8, (shape, dims)
 
 
 def _element_pass(text):

@@ -147,6 +147,31 @@ def _encode_uint4(x, reduce_axes, rounding, random_bits):
   return codes, fb.to_bits(scale), lo
 
 
+_LANES = 8  # uint32 words in a 256-bit vector register
+
+
+def group_amax(x_bits, reduce_axes):
+  """max |x| bits over `reduce_axes` (keepdims) of uint32 float32 bits, vectorized on XLA:CPU.
+
+  XLA:CPU vectorizes a reduction across its outputs, so a reduction over a minor axis of 32 (16)
+  loads one word at a time, eight groups to a vector (~1.4 instructions per element, mostly
+  shuffles). When the minor axis alone is reduced (1-D blocks along the last axis), the group's
+  8-word runs are combined first with whole-vector maxima, then the 8 lanes of the result, in one
+  loop: ~5 instructions per 8 elements. `p | (p >> 31)` leaves p unchanged (abs bits are below
+  2**31) and keeps XLA from merging the two reductions back into one. A max in another order: the
+  same bits. (Tiles keep the plain reduction: slicing their rows made XLA copy x.)
+  """
+  abs_bits = x_bits & U32(fb.ABS_MASK)
+  n = x_bits.ndim
+  axes = {a % n for a in reduce_axes}
+  minor = x_bits.shape[-1] if n else 0
+  if axes != {n - 1} or n < 2 or minor % _LANES or minor == _LANES:
+    return jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
+  runs = abs_bits.reshape(abs_bits.shape[:-1] + (minor // _LANES, _LANES))
+  lanes = jnp.max(runs, axis=n - 1, keepdims=True)
+  return jnp.max(lanes | (lanes >> 31), axis=-1)
+
+
 def _finite_tensor_amax(x_bits, block_amax):
   """max |x| over the finite values: the max of the block amaxes, unless some block holds a NaN or
   Inf; only then is x read again (a full reduction that skips non-finite values)."""
@@ -169,7 +194,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
   element = fmt.element
   want_values = want_values and fast.decodes(fmt)
   abs_bits = x_bits & U32(fb.ABS_MASK)
-  amax = jnp.max(abs_bits, axis=reduce_axes, keepdims=True)
+  amax = group_amax(x_bits, reduce_axes)
   opaque_zero = _opaque_zero(amax)  # 0 at run time: abs bits are < 2**31
   if not (fast_path and fmt.scale == "e8m0"):  # there, the scale byte is materialized instead
     (amax,) = materialize((amax,), opaque_zero)
