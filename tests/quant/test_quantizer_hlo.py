@@ -182,3 +182,29 @@ def test_a_tensor_scale_builds_one_factor_table_per_operand(fmt, monkeypatch):
   monkeypatch.setattr(scales_fast, "_tail_tables", counted("exact", exact_tail))
   jax.jit(lambda x: quant.fake_quant(x, fmt)).lower(jax.ShapeDtypeStruct((64, 64), jnp.float32))
   assert calls == {"float": 0, "exact": 1}, calls
+
+
+_FREE_OPS = {"parameter", "constant", "broadcast", "bitcast", "reshape", "slice", "tuple",
+             "get-tuple-element"}
+
+
+def _element_ops(body):
+  """Operations of a fused computation that compute (not parameters, constants, broadcasts or
+  reshapes)."""
+  ops = re.findall(r"^\s*(?:ROOT )?%\S+ = \S+ ([\w\-]+)\(", body, re.M)
+  return sum(op not in _FREE_OPS for op in ops)
+
+
+# The element pass's computing operations, at most: the subnormal-decode test compares the
+# normal-result bits with a constant (fast_elements.apply_multiplier) where it built a per-group
+# bound from the shift word (an AND and an ADD; on x86 five scalar instructions per vector of
+# elements to form and broadcast it: mxfp4 RTN 47 -> 40 instructions per 8 elements).
+ELEMENT_OPS = {("mxfp4", "nearest_even"): 47, ("mxfp4", "stochastic"): 74,
+               ("nvfp4", "nearest_even"): 50, ("nvfp4", "stochastic"): 77,
+               ("nvfp4_16x16", "nearest_even"): 50, ("nvfp4_16x16", "stochastic"): 77}
+
+
+@pytest.mark.parametrize("fmt,rounding", sorted(ELEMENT_OPS))
+def test_fp4_element_pass_operation_count(fmt, rounding):
+  ops = _element_ops(_element_pass(_compiled_text(fmt, rounding)))
+  assert ops <= ELEMENT_OPS[fmt, rounding], ops

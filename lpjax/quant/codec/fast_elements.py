@@ -287,11 +287,14 @@ def apply_multiplier(value, m_c, shift, *, power_of_two: bool, wide: bool = Fals
   """
   p = value * m_c
   p_bits = fb.to_bits(p)
-  # A subnormal result: shifted and P < 2**23, as one compare with a per-group bound (2**23 where
-  # shift is 149 << 23, else 0; P >= 0 or NaN), not a per-group bool ANDed with a per-element
-  # compare, which LLVM turns into a dozen mask conversions per vector on x86.
-  bound = fb.from_bits(shift + (shift & U32(0x800000)))  # 149 is odd: + 2**23 makes 0x4B000000
-  subnormal = p < bound
+  normal_bits = p_bits - shift
+  # A subnormal result: shifted and P < 2**23, i.e. normal_bits below 0x800000 (2**23's bits less
+  # 149 << 23), compared as int32 (P_bits < shift wraps negative). Unshifted (shift 0): P_bits below
+  # 0x800000, i.e. P = 0 (M >= 2**-100 and value >= 2**-16 or 0), which both branches map to 0; a
+  # NaN P (0x7FC00000) is not. One compare with a constant: a per-group bound (2**23 where shifted)
+  # cost five scalar instructions per vector of elements on x86 (form it, broadcast it), and a
+  # per-group bool ANDed with a per-element compare a dozen mask conversions.
+  subnormal = normal_bits.astype(I32) < I32(0x800000)
   if wide and not power_of_two:
     rounded = _round_even_of_sum(value, m_c).astype(I32).astype(U32)
   else:
@@ -300,7 +303,7 @@ def apply_multiplier(value, m_c, shift, *, power_of_two: bool, wide: bool = Fals
     # an integer (and an FMA of the exact product with 2**23 gives the same sum). XLA's float to
     # int conversion would clamp and test for NaN on every element.
     rounded = fb.to_bits(p + jnp.float32(2.0 ** 23)) - U32(_TWO_23_BITS)
-  return jnp.where(subnormal, rounded, p_bits - shift)
+  return jnp.where(subnormal, rounded, normal_bits)
 
 
 def canonical_nan(out_bits):
