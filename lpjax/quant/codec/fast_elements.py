@@ -28,8 +28,9 @@ subnormal inputs and results to zero, e.g. XLA:CPU, or may not, e.g. GPUs):
 3. Rounding v onto the element grid: lead = the exponent field of v (v >= 2**-126 or v == 0),
    ulp = 2**(max(lead, emin) - mbits). t = v / ulp is an exact power-of-two scaling (t < 2**(mbits
    + 2)), `floor`, `ceil` and `round` (half to even) are exact, and ties away compare the exact frac = t - floor(t) with 0.5. The code is (binade << mbits) + q, as
-   in the exact codec (a carry of q moves to the next binade by itself). v is clipped at
-   2**(sat_exp + 1) first (exact): any v at or above it saturates in every mode.
+   in the exact codec (a carry of q moves to the next binade by itself). v is clipped at the
+   element's max_value first (exact): every v above it saturates in every mode, and max_value is
+   on the grid, so a v at or below it rounds to at most max_value in every mode (no clip after).
    Stochastic rounding: F = floor(frac(t) * 2**32) is read off t's bits, shifted (`fraction_bits`),
    and the rounding-up rule R >= 2**32 - F is the exact codec's integer comparison.
 4. Tiny products (2.): every element grid has steps >= 2**-16, so any value below 2**-100 rounds to 0
@@ -211,7 +212,7 @@ def round_magnitude(v, element, rounding: str, *, negative, random_bits=None, no
   `nonzero` (bool, x != 0) is needed by the directed modes only (module docstring, 4).
   """
   grid = fb.Grid.for_element(element)
-  v = jnp.minimum(v, jnp.float32(2.0 ** (grid.sat_exp + 1)))
+  v = jnp.minimum(v, jnp.float32(element.max_value))  # saturation (module docstring, 3)
   lead = (fb.to_bits(v) >> 23).astype(I32) - 127
   binade = jnp.maximum(lead, grid.emin)
   ulp_exp = binade - grid.mbits
@@ -235,7 +236,7 @@ def round_magnitude(v, element, rounding: str, *, negative, random_bits=None, no
     raise ValueError(f"Unknown rounding mode {rounding!r}.")
   code = (((binade - grid.emin).astype(U32)) << grid.mbits) + q.astype(I32).astype(U32)
   code = jnp.minimum(code, U32(grid.max_code))
-  return code, jnp.minimum(q * _pow2(ulp_exp), jnp.float32(element.max_value))
+  return code, q * _pow2(ulp_exp)
 
 
 def fraction_bits(t):
