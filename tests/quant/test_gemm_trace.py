@@ -76,3 +76,29 @@ def test_quantized_residuals_derive_signs_once_per_pass(monkeypatch):
   # backward rule quantizes dY for both passes (once each again): old code 4 + 4 + 4.
   assert signs == {"fwd": 1, "dgrad": 2, "wgrad": 2}
   assert keys == _expected_keys("mxfp4")
+
+
+def test_each_operand_quantizer_is_traced_once_per_shape(monkeypatch):
+  """Two GEMM sites of the same shapes and recipe: every operand quantizer (RHT, pre-scale,
+  quantizer, unscale: `operand.fake`) is traced once per (shape, dtype, options), forward and
+  backward, and the second site reuses the traces (the old code traced all of it again at every
+  site: a U-Net's 246 operand quantizers were most of its step's trace)."""
+  traced = collections.Counter()
+  real_pre = opq._pre
+
+  def counted_pre(x, op, axis, signs, block):
+    traced[x.shape, str(x.dtype), op, axis, block] += 1
+    return real_pre(x, op, axis, signs, block)
+
+  jax.clear_caches()  # an earlier test's traces would otherwise be reused, counting 0
+  monkeypatch.setattr(opq, "_pre", counted_pre)
+  r = recipes.get("mxfp4")
+
+  def loss(x, w1, w2, key):
+    k1, k2 = jax.random.split(key)
+    h = dot_general(x, w1, DN2, r, key=k1)
+    return dot_general(h, w2, DN2, r, key=k2).sum()
+
+  jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(
+      jnp.ones((8, 64)), jnp.ones((64, 64)), jnp.ones((64, 64)), jax.random.key(0))
+  assert traced and set(traced.values()) == {1}, traced

@@ -15,6 +15,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from lpjax import quant
@@ -210,3 +211,43 @@ ELEMENT_OPS = {("mxfp4", "nearest_even"): 46, ("mxfp4", "stochastic"): 73,
 def test_fp4_element_pass_operation_count(fmt, rounding):
   ops = _element_ops(_element_pass(_compiled_text(fmt, rounding)))
   assert ops <= ELEMENT_OPS[fmt, rounding], ops
+
+
+def test_factor_tables_are_built_by_one_program_with_the_eager_bits():
+  """The constant factor tables (e8m0; ue4m3 without a tensor scale) are each built by one XLA
+  program per process (the old code evaluated ~26 operations eagerly, each lowered and compiled
+  on its own: about 2 s of the first quantizer trace of every process), with the same bits as
+  that op-by-op evaluation (the reference below: the old code's formulas, evaluated eagerly)."""
+  from jax import monitoring
+
+  from lpjax.quant.codec import factor_tables as ft
+  from lpjax.quant.codec import fast_elements as fast
+  from lpjax.quant.codec import scales_exact as sc
+  from lpjax.quant.codec import scales_fast
+  from lpjax.quant.numerics import fp32_bits as fb
+
+  lowered = []
+
+  def listener(event, duration, **_):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      lowered.append(duration)
+
+  jax.clear_caches()  # eager operations of earlier tests would otherwise not be lowered again
+  ft._e8m0_table.cache_clear()
+  ft._ue4m3_unit_table.cache_clear()
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    e8m0, ue4m3 = ft._e8m0_table(), ft._ue4m3_unit_table()
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  assert len(lowered) <= 2, len(lowered)
+
+  byte = jnp.arange(256, dtype=jnp.int32)
+  k = jnp.minimum(byte, 254) - 127
+  ref_e8m0 = ft._rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN)
+  ubyte = jnp.arange(256, dtype=jnp.uint32)
+  s_b_val = fb.from_bits(sc.decode_bits(ubyte & jnp.uint32(0x7F), "e4m3"))
+  one = jnp.uint32(sc.f32_const_bits(1.0))
+  ref_ue4m3 = ft._rows(*scales_fast._float_tail(s_b_val, one, jnp.uint32(0), False),
+                       ubyte == sc.UE4M3_NAN)
+  assert (e8m0 == np.asarray(ref_e8m0)).all() and (ue4m3 == np.asarray(ref_ue4m3)).all()

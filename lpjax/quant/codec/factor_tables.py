@@ -55,14 +55,33 @@ def _rows(s_bits, m_bits, bad):
                     nan], axis=-1)
 
 
+def _e8m0_rows_of(byte):
+  """`_rows` of e8m0 bytes (int32): k = byte - 127, 0xFF the NaN group."""
+  k = jnp.minimum(byte, 254) - 127
+  return _rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN)
+
+
+def _ue4m3_unit_rows_of(byte):
+  """`_rows` of ue4m3 bytes (uint32) without a tensor scale (S_enc = 1), 0x7F the NaN group."""
+  s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
+  one = U32(sc.f32_const_bits(1.0))
+  return _rows(*fast_scales._float_tail(s_b_val, one, U32(0), False), byte == sc.UE4M3_NAN)
+
+
+def _table(rows_of, dtype) -> np.ndarray:
+  """The rows of all 256 bytes as numpy, from one jitted call with the bytes as its argument (not
+  a constant XLA could fold at compile time): one compile per process, where evaluating the ~26
+  operations eagerly compiled and dispatched each of them (about 2 s of a process's first trace).
+  The same bits: every operation is the same XLA:CPU kernel arithmetic (tests/quant/codec pin
+  them against the eager evaluation)."""
+  byte = np.arange(_BYTES, dtype=dtype)
+  # lowered and run now, also when first needed inside a trace (a compiled program runs at once)
+  return np.asarray(jax.jit(rows_of).lower(byte).compile()(byte))
+
+
 @functools.lru_cache(maxsize=None)
 def _e8m0_table() -> np.ndarray:
-  # evaluated op by op (each float operation rounded on its own, as in the per-group code), once
-  # per process: every later trace reuses the numbers instead of dispatching ~26 eager ops again
-  with jax.ensure_compile_time_eval():
-    byte = jnp.arange(_BYTES, dtype=jnp.int32)
-    k = jnp.minimum(byte, 254) - 127
-    return np.asarray(_rows(fast.pow2_bits(-k), fast.pow2_bits(k), byte == sc.E8M0_NAN))
+  return _table(_e8m0_rows_of, np.int32)  # once per process: every later trace reuses it
 
 
 def e8m0_rows():
@@ -72,13 +91,7 @@ def e8m0_rows():
 
 @functools.lru_cache(maxsize=None)
 def _ue4m3_unit_table() -> np.ndarray:
-  # the rows without a tensor scale (S_enc = 1), op by op once per process, as `_e8m0_table`
-  with jax.ensure_compile_time_eval():
-    byte = jnp.arange(_BYTES, dtype=U32)
-    s_b_val = fb.from_bits(sc.decode_bits(byte & U32(0x7F), "e4m3"))
-    one = U32(sc.f32_const_bits(1.0))
-    return np.asarray(_rows(*fast_scales._float_tail(s_b_val, one, U32(0), False),
-                            byte == sc.UE4M3_NAN))
+  return _table(_ue4m3_unit_rows_of, np.uint32)  # once per process, as `_e8m0_table`
 
 
 def ue4m3_rows(s_enc_bits, amax_t_bits, use_tensor_scale: bool, scale_bytes=None):
@@ -101,13 +114,18 @@ def ue4m3_rows(s_enc_bits, amax_t_bits, use_tensor_scale: bool, scale_bytes=None
   amax_t_bits = jnp.reshape(amax_t_bits, ()).astype(U32)
   s_enc_bits = jnp.reshape(s_enc_bits, ()).astype(U32)
   per_group = (lambda: scale_bytes()) if scale_bytes is not None else (lambda: None)
+  traced = []  # the taken branch's per-group results, seen as `cond` traces it (first)
 
   def exact_rows(s, a):
     byte = jnp.arange(_BYTES, dtype=U32)
-    return _rows(*fast_scales._tail_tables(s, a), byte == sc.UE4M3_NAN), per_group()
+    rows = _rows(*fast_scales._tail_tables(s, a), byte == sc.UE4M3_NAN)
+    traced.append(per_group())
+    return rows, traced[-1]
 
-  def never(s, a):  # the branch never taken: zeros of the results' shapes
-    zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), jax.eval_shape(per_group))
+  def never(s, a):  # the branch never taken: zeros of the results' shapes (from the taken
+    # branch's trace: tracing `scale_bytes` again only for its shapes doubled its trace time)
+    shapes = traced[-1] if traced else jax.eval_shape(per_group)
+    zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), shapes)
     return jnp.zeros((_BYTES, COLUMNS), U32), zeros
 
   return jax.lax.cond(opaque_zero(amax_t_bits) == 0, exact_rows, never, s_enc_bits, amax_t_bits)

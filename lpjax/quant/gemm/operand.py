@@ -146,7 +146,18 @@ def fake(x, op, *, axis: int, key, signs=None, block: int | None = None, dtype=N
   Returns:
     An array of x's shape (the axis padded to a multiple of `block`) in `dtype`.
   """
-  dtype = x.dtype if dtype is None else dtype
+  dtype = jnp.dtype(x.dtype if dtype is None else dtype)
+  if op is None and not block:
+    return x.astype(dtype)
+  return _fake(x, key, signs, op=op, axis=axis, block=block, dtype=dtype)
+
+
+# `fake` is jitted with its options static, so that a model traces each operand quantizer
+# (RHT, pre-scale, quantizer, unscale) once per (shape, dtype, options), however many GEMM sites
+# and passes apply it: each further site is a cache hit, a call that XLA inlines (the same
+# arithmetic, the same bits). Tracing them anew at every site was most of an FP4 step's trace.
+@functools.partial(jax.jit, static_argnames=("op", "axis", "block", "dtype"))
+def _fake(x, key, signs, *, op, axis: int, block, dtype):
   xs = _pre(x, op, axis, signs, block)
   if op is None:
     return xs.astype(dtype)
