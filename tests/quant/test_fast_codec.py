@@ -184,6 +184,26 @@ def test_nvfp4_given_infinite_or_nan_tensor_amax_matches_the_reference():
     both(x, "nvfp4", tensor_amax=amax)
 
 
+@pytest.mark.parametrize("element", ["e2m1", "e3m2", "e4m3", "e5m2"])
+def test_rceil_clamped_from_bounds_equals_the_unclamped_integer_product(element):
+  """The monitor's clamped_scales test of an rceil block (`scales_fast.rceil_clamped`: two host
+  bounds) against `scales_exact.e8m0_exponent(clamp=False)` out of [-127, 127], on a stride
+  through every finite float32 amax and windows around the low bound and the subnormals."""
+  from lpjax.quant.codec import scales_exact as scales
+  from lpjax.quant.codec import scales_fast as fast_scales
+  from lpjax.quant.formats import specs as formats
+  el = formats.ELEMENT_FORMATS[element]
+  lo, _ = fast_scales._rceil_clamp_bounds(el.max_value)
+  bits = np.unique(np.concatenate([np.arange(0, 0x7F800000, 4099), np.arange(lo - 900, lo + 900),
+                                   np.arange(0, 1 << 12), np.arange(0x7F7FFF00, 0x7F800000)])
+                   ).astype(np.uint32)
+  k = jax.jit(lambda b: scales.e8m0_exponent(b, el, "rceil", clamp=False))(jnp.asarray(bits))
+  want = np.asarray((k < -127) | (k > 127))
+  got = np.asarray(jax.jit(lambda b: fast_scales.rceil_clamped(b, el))(jnp.asarray(bits)))
+  assert want.any() and not want.all()
+  np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("element", ["e2m1", "e2m3", "e4m3", "e5m2"])
 def test_rceil_exponent_from_thresholds_equals_the_integer_product(element):
   """The fast rceil k (two host thresholds, then a shift of the bits) against `scales_exact`' integer

@@ -44,6 +44,7 @@ class Encoded:
   tensor_amax_bits: Any = None  # NVFP4 amax_t (uint32 bits), else None
   zeros: Any = None  # uint4: float32 block minimum (keepdims), else None
   values: Any = None  # fast path with want_values: float32 bits of the dequantized values
+  amax_bits: Any = None  # uint32 bits of max |x| per group (keepdims): what the scales came from
 
 
 def _bad_group_masks(bad):
@@ -200,7 +201,7 @@ def encode(x_bits, fmt, reduce_axes, *, rounding, scale_mode, random_bits=None,
     (amax,) = materialize((amax,), opaque_zero)
   bad = amax >= U32(fb.INF_BITS)  # NaN or Inf in the group: the whole group is NaN
   negative = (x_bits >> 31) != 0
-  result = Encoded(codes=None, scales=None)
+  result = Encoded(codes=None, scales=None, amax_bits=amax)
 
   if fmt.scale == "e8m0":
     if fmt.fixed_scale_exponent is None:

@@ -212,10 +212,11 @@ def decode_multiplier(s_b, amax_t_bits, use_tensor_scale: bool):
   return _table_multiplier(s_b, amax_t_bits)
 
 
-def _rceil_k(bits: int, c: fractions.Fraction) -> int:
-  """k of the rceil rule for amax with float32 bits `bits` (host, exact rational arithmetic)."""
+def _rceil_k(bits: int, c: fractions.Fraction, clamp: bool = True) -> int:
+  """k of the rceil rule for amax with float32 bits `bits` (host, exact rational arithmetic);
+  clamp=False: before the clamp to [-127, 127] (an amax whose product underflows to 0: -150)."""
   if bits == 0:
-    return -127
+    return -127 if clamp else -150
   product = fractions.Fraction(float(np.uint32(bits).view(np.float32))) * c
   e = product.numerator.bit_length() - product.denominator.bit_length()  # floor(log2) or one more
   if fractions.Fraction(2) ** e > product:
@@ -227,25 +228,44 @@ def _rceil_k(bits: int, c: fractions.Fraction) -> int:
   q += 1 if rest > fractions.Fraction(1, 2) or (rest == fractions.Fraction(1, 2) and q % 2) else 0
   r = q * spacing  # fl32(amax * c), gradual underflow
   if r == 0:
-    return -127
+    return -127 if clamp else -150
   k = r.numerator.bit_length() - r.denominator.bit_length()
   k += 1 if fractions.Fraction(2) ** k < r else 0
   k -= 1 if fractions.Fraction(2) ** (k - 1) >= r else 0
-  return max(-127, min(127, k))
+  return max(-127, min(127, k)) if clamp else k
+
+
+def _smallest_bits(at_least, lo: int = 0, hi: int = fb.INF_BITS) -> int:
+  """The smallest float32 bits in (lo, hi] with at_least(bits), a non-decreasing predicate
+  (hi when none below it has)."""
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if at_least(mid) else (mid, hi)
+  return hi
+
+
+@functools.lru_cache(maxsize=None)
+def _rceil_clamp_bounds(max_value: float) -> tuple[int, int]:
+  """float32 bits of the smallest amax whose unclamped rceil k is >= -127, and >= 128."""
+  c = fractions.Fraction(float(np.float32(1.0 / max_value)))
+  return tuple(_smallest_bits(lambda b, j=j: _rceil_k(b, c, clamp=False) >= j)
+               for j in (-127, 128))
+
+
+def rceil_clamped(amax_bits, element):
+  """Whether the "rceil" exponent of a finite amax is out of [-127, 127] before its clamp (the
+  monitor's clamped_scales), as `scales_exact.e8m0_exponent(..., clamp=False)` tells it: two
+  compares with bounds found on the host, not its ~200-operation exact product."""
+  lo, hi = _rceil_clamp_bounds(element.max_value)
+  bits = amax_bits.astype(U32)
+  return (bits < U32(lo)) | (bits >= U32(hi)) if hi < fb.INF_BITS else bits < U32(lo)
 
 
 @functools.lru_cache(maxsize=None)
 def _rceil_bounds(max_value: float) -> tuple[int, int]:
   """float32 bits of the smallest amax with k >= -126 and with k >= -125 (module docstring)."""
   c = fractions.Fraction(float(np.float32(1.0 / max_value)))
-  bounds = []
-  for j in (-126, -125):
-    lo, hi = 0, fb.INF_BITS  # k(lo) < j <= k(hi)
-    while hi - lo > 1:
-      mid = (lo + hi) // 2
-      lo, hi = (lo, mid) if _rceil_k(mid, c) >= j else (mid, hi)
-    bounds.append(hi)
-  return bounds[0], bounds[1]
+  return tuple(_smallest_bits(lambda b, j=j: _rceil_k(b, c) >= j) for j in (-126, -125))
 
 
 def rceil_exponent(amax_bits, element):

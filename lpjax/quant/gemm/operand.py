@@ -33,8 +33,8 @@ from lpjax.quant.numerics import rng
 from lpjax.quant.schemes import ssp
 from lpjax.quant.schemes.quest import quest
 from lpjax.quant.schemes.hadamard import hadamard, random_signs
-from lpjax.quant.formats.packing import unpack_fp4
-from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize
+from lpjax.quant.codec.qarray import (QArray, Unpacked, dequantize, fake_quant, quantize,
+                                      quantize_unpacked)
 from lpjax.quant.recipes.gemm_recipe import OperandQuant
 from lpjax.quant.formats.tables import decode_table
 
@@ -191,7 +191,8 @@ def quantize_view(x, op: OperandQuant, *, axis: int, key, signs=None, block: int
 
   Returns (xs, x_hat, q): the quantizer's float32 input (after the RHT and the pre-scale, under
   stop_gradient), its dequantized output in float32 (the values `fake` gives, before unscaling),
-  and the QArray (None for SSP and scheme quantizers, which keep no codes and scales).
+  and the quantization's codes and scales, unpacked (`qarray.Unpacked`; None for SSP and scheme
+  quantizers, which keep no codes and scales).
   """
   xs = jax.lax.stop_gradient(_pre(x, op, axis, signs, block)).astype(jnp.float32)
   q = None
@@ -200,8 +201,8 @@ def quantize_view(x, op: OperandQuant, *, axis: int, key, signs=None, block: int
   elif op.scheme:  # scales chosen per block (QuEST: clipping is its trust mask): not tracked
     x_hat = _scheme_fake(xs, key, op, axis % xs.ndim, block).astype(jnp.float32)
   else:
-    q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
-    x_hat = dequantize(q, jnp.float32)
+    q = quantize_unpacked(xs, op.fmt, **_quantize_kwargs(op, axis, key))
+    x_hat = q.values
   return xs, x_hat, q
 
 
@@ -209,13 +210,13 @@ def fake_seen(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | N
               dtype=None, pack: bool = False):
   """(`fake(...)`, or `pack(...)` if `pack`; and `quantize_view(...)`'s (xs, x_hat, q)) from one
   quantization, for a core format (not SSP, not a scheme): the GEMM multiplies what the monitor
-  measures (bit-identical to `fake`: the codes and scales decoded, as `unpack` does)."""
+  measures, bit for bit `fake`'s values (one encode gives the codes, the scales and the values:
+  `qarray.quantize_unpacked`, no nibble packing and no second decode unless `pack`)."""
   dtype = x.dtype if dtype is None else dtype
   xs = _pre(x, op, axis, signs, block)
-  q = quantize(xs, op.fmt, **_quantize_kwargs(op, axis, key))
-  x_hat = dequantize(q, jnp.float32)
-  view = (jax.lax.stop_gradient(xs).astype(jnp.float32), jax.lax.stop_gradient(x_hat), q)
-  return (q if pack else _post(x_hat.astype(xs.dtype), op, dtype)), view
+  q = jax.lax.stop_gradient(quantize_unpacked(xs, op.fmt, **_quantize_kwargs(op, axis, key)))
+  view = (jax.lax.stop_gradient(xs).astype(jnp.float32), q.values, q)
+  return (q.packed() if pack else _post(q.values.astype(xs.dtype), op, dtype)), view
 
 
 def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None = None):
@@ -242,17 +243,21 @@ def stats(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | None 
   )
 
 
-def saturated_mask(xs, x_hat, q: QArray):
+def saturated_mask(xs, x_hat, q: Unpacked):
   """Elements whose code is the largest magnitude and whose input lay beyond it (clipped)."""
   element = q.fmt.element
   if element.kind == "uint":  # min/max scaling maps the group range onto the codes: no clipping
     return jnp.zeros(xs.shape, bool)
-  codes = q.codes
-  if element.is_packed:
-    codes = unpack_fp4(codes, q.shape[q.layout.axis], axis=q.layout.axis)
-  at_max = jnp.asarray(np.abs(decode_table(element)) == element.max_value)[codes.astype(jnp.int32)]
+  at_max = functools.reduce(jnp.logical_or, (q.codes == c for c in _max_codes(element)))
   # Beyond by more than fp32 round-off of the scale (per-tensor fp32 scales are not exact).
   return at_max & (jnp.abs(xs) > jnp.abs(x_hat) * (1 + 2.0**-12)) & (x_hat != 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _max_codes(element) -> tuple:
+  """The element codes of the largest magnitude (+- max_value): compared with, not looked up."""
+  table = np.abs(decode_table(element))
+  return tuple(np.uint8(c) for c in np.flatnonzero(table == element.max_value))
 
 
 def fake_quant_operand(x, op: OperandQuant, *, axis: int = -1, key=None):

@@ -1,7 +1,8 @@
 """The numerics statistics of one quantized operand, from what its quantizer saw and gave.
 
 `operand_numerics(xs, x_hat, q, op)` takes the output of `lpjax.quant.gemm.operand.quantize_view`
-(the quantizer's float32 input after the RHT and pre-scale, its dequantized output, and the QArray)
+(the quantizer's float32 input after the RHT and pre-scale, its dequantized output, and its codes
+and scales unpacked: `lpjax.quant.codec.qarray.Unpacked`)
 and returns float32 scalars, one per name of `STATS` (docs/numerics_monitor.md):
 
 - snr_db: 10 log10(sum xs^2 / sum (xs - x_hat)^2); inf when exact;
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lpjax.quant.codec import scales_exact as sc
+from lpjax.quant.codec import scales_fast as fast_scales
 from lpjax.quant.formats import specs as formats
 from lpjax.quant.gemm.operand import saturated_mask
 from lpjax.quant.numerics import fp32_bits as fb
@@ -60,20 +62,29 @@ def operand_numerics(xs, x_hat, q, op) -> dict:
 
 def operand_sums(xs, x_hat, q, op) -> dict:
   """{name in SUMS: float32 scalar, "exponents": float32[EXP_BINS]}: sums over the elements (and
-  blocks) of one quantization; the sums of several quantizations are their pooled sums."""
+  blocks) of one quantization; the sums of several quantizations are their pooled sums.
+
+  The element sums read the quantization's values and codes (`Unpacked`), computed once for all
+  their readers; the block sums read its scales and block amaxes (`_scale_sums`)."""
   xs, x_hat = xs.astype(jnp.float32), x_hat.astype(jnp.float32)
   nonzero = _nonzero(xs)
-  count = lambda m: jnp.sum(m.astype(jnp.float32))
-  out = dict(power=jnp.sum(jnp.square(xs)), err=jnp.sum(jnp.square(xs - x_hat)),
-             nonfinite=count(~jnp.isfinite(xs)), elements=jnp.float32(xs.size),
-             flushed=count(nonzero & ~_nonzero(x_hat)), nonzero=count(nonzero))
+  saturated = None if q is None else saturated_mask(xs, x_hat, q)
+  terms = dict(power=jnp.square(xs), err=jnp.square(xs - x_hat), nonfinite=~jnp.isfinite(xs),
+               flushed=nonzero & ~_nonzero(x_hat), nonzero=nonzero, saturated=saturated)
+  out = _element_sums({k: v for k, v in terms.items() if v is not None})
+  out["elements"] = jnp.float32(xs.size)
   if q is None:
     out.update(saturated=_NAN, clamped=_NAN, live=_NAN,
                exponents=jnp.full((EXP_BINS,), _NAN))
   else:
-    out["saturated"] = count(saturated_mask(xs, x_hat, q))
-    out.update(_scale_sums(xs, q, op))
+    out.update(_scale_sums(q, op))
   return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def _element_sums(terms: dict) -> dict:
+  """{name: float32 sum of every element of terms[name]} (masks count 1): one jnp.sum each, whose
+  order of adds the statistics' bits depend on (a variadic reduction sums in another order)."""
+  return {k: jnp.sum(v.astype(jnp.float32)) for k, v in terms.items()}
 
 
 def finish(s: dict) -> dict:
@@ -119,29 +130,31 @@ def _nonzero(x):
   return (fb.to_bits(x) & jnp.uint32(fb.ABS_MASK)) != 0
 
 
-def _scale_sums(xs, q, op) -> dict:
+def _scale_sums(q, op) -> dict:
   """The histogram of the block-scale exponents, and the clamped and live (not all zero) block
-  counts."""
-  fmt, layout = q.fmt, q.layout
-  # the block amax on the bits (XLA:CPU's float max flushes subnormals)
-  amax_bits = jnp.max(fb.to_bits(layout.group(xs)) & jnp.uint32(fb.ABS_MASK),
-                      axis=layout.reduce_axes, keepdims=True)
+  counts, from the quantization's own scales and block amaxes (one value per block, not per
+  element)."""
+  fmt = q.fmt
+  amax_bits, scales = q.amax_bits, q.scales
   amax = fb.from_bits(amax_bits)
-  scales = layout.scales_in(q.scales)
   live = (amax_bits != 0) & (amax_bits < jnp.uint32(fb.INF_BITS))
   clamped = jnp.zeros(amax.shape, bool)
   if fmt.scale == "e8m0":
     exp = scales.astype(jnp.int32) - 127
     if fmt.fixed_scale_exponent is None:
       mode = formats.check_scale_mode(fmt, op.scale_mode)
-      k = sc.e8m0_exponent(amax_bits, fmt.element, mode, clamp=False)
-      clamped = (k < -127) | (k > 127)
+      if mode == "rceil":  # bounds instead of its exact product: the same answer
+        clamped = fast_scales.rceil_clamped(amax_bits, fmt.element)
+      else:
+        k = sc.e8m0_exponent(amax_bits, fmt.element, mode, clamp=False)
+        clamped = (k < -127) | (k > 127)
   elif fmt.scale == "ue4m3":
     amax_t_bits = (jnp.uint32(0) if q.tensor_scale is None
                    else fb.to_bits(q.tensor_scale) & jnp.uint32(fb.ABS_MASK))
-    mult = sc.nvfp4_decode_scale(scales.astype(jnp.uint32), amax_t_bits, fmt.tensor_scale)
+    # the fast path's decode multiplier and S_enc: the bits of scales_exact's, at a table look-up
+    mult = fast_scales.decode_multiplier(scales.astype(jnp.uint32), amax_t_bits, fmt.tensor_scale)
     exp = fb.exponent(mult & jnp.uint32(fb.ABS_MASK))
-    s_enc = fb.from_bits(sc.nvfp4_encode_scale(amax_t_bits, fmt.tensor_scale))
+    s_enc = fb.from_bits(fast_scales.encode_scale(amax_t_bits, fmt.tensor_scale))
     ideal = amax * s_enc / np.float32(6.0)  # the block scale before its e4m3 rounding
     clamped = (scales == 0) | (ideal > np.float32(448.0))
   else:  # fp32 scales: the decode multiplier itself
@@ -151,9 +164,12 @@ def _scale_sums(xs, q, op) -> dict:
       enc = sc.fp32_encode_scale(amax_bits, fmt.element.max_value)
       clamped = enc >= jnp.uint32(sc.FLT_MAX_BITS)
   clamped = jnp.broadcast_to(live & clamped, exp.shape)
-  n_live = jnp.sum(jnp.broadcast_to(live, exp.shape).astype(jnp.float32))
+  n_live = jnp.broadcast_to(live, exp.shape)
   live = jnp.broadcast_to(live, exp.shape) & (scales != 0 if fmt.scale != "e8m0" else True)
-  bins = jnp.clip(exp.astype(jnp.int32) - EXP_LO, 0, EXP_BINS - 1)
-  hist = jnp.zeros((EXP_BINS,), jnp.float32).at[bins.ravel()].add(
-      live.ravel().astype(jnp.float32))
-  return dict(exponents=hist, clamped=jnp.sum(clamped.astype(jnp.float32)), live=n_live)
+  bins = jnp.clip(exp.astype(jnp.int32) - EXP_LO, 0, EXP_BINS - 1).reshape(-1, 1)
+  # One pass over the blocks: each block's one-hot histogram row (a scatter-add expands to a
+  # loop on XLA:CPU) beside its clamped and live flags, summed together (exact counts).
+  one_hot = (bins == jnp.arange(EXP_BINS, dtype=jnp.int32)) & live.reshape(-1, 1)
+  flags = jnp.concatenate([one_hot, clamped.reshape(-1, 1), n_live.reshape(-1, 1)], axis=1)
+  sums = jnp.sum(flags.astype(jnp.float32), axis=0)
+  return dict(exponents=sums[:EXP_BINS], clamped=sums[EXP_BINS], live=sums[EXP_BINS + 1])
