@@ -22,6 +22,7 @@ SLOW_FILES = (
     "tests/reliability/test_kill_and_resume.py",
     "tests/reliability/test_stock_environment.py",
     "tests/train/monitor/test_trainer_monitor_llama.py",
+    "tests/quant/test_monitor_compiles.py",
     "tests/train/step/test_sharding.py",
     "tests/reliability/test_monitor_cases_loops.py",
     "tests/quant/test_monitor_advisor.py",
@@ -34,6 +35,8 @@ SLOW_FILES = (
     "tests/train/step/test_gqa_sharding.py",
     "tests/reliability/test_rule_cases.py",
     "tests/benchmarks/sweeps/test_ablate.py",
+    "tests/train/loop/test_examples.py",
+    "tests/benchmarks/studies/test_operand_telemetry.py",
 )
 
 

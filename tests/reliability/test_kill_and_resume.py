@@ -15,7 +15,10 @@ import orbax.checkpoint as ocp
 import pytest
 from train_subprocess import start_train
 
-STEPS, EVERY = 120, 20  # ~0.1 s a step: a kill after the first checkpoint lands mid-run
+# ~0.1 s a step: a kill after the first checkpoint (step 10) lands with 50 steps and 5 checkpoint
+# writes still to come, mid-run (before: 120 steps, every 20, twice the steps in the 7 train.py
+# runs for the same kills and the same checks)
+STEPS, EVERY = 60, 10
 FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=32",
          f"--config.checkpoint_every={EVERY}", "--config.eval_every=0", "--config.eval_steps=1",
          "--config.log_every=5", "--config.progress_bar=False", "--config.optimizer.warmup_steps=10",

@@ -10,7 +10,9 @@ import time
 import pytest
 from train_subprocess import REPO, start_train
 
-STEPS, EVERY = 60, 10
+# the site switches at step 2, the kill lands after the checkpoint of step 10 with 20 measured
+# steps and 2 checkpoint writes still to come (60 steps before: the same kill and checks)
+STEPS, EVERY = 30, 10
 FLAGS = [f"--config.steps={STEPS}", "--config.batch_size=8", "--config.seq_len=32",
          f"--config.checkpoint_every={EVERY}", "--config.eval_every=0", "--config.eval_steps=1",
          "--config.log_every=1", "--config.progress_bar=False", "--config.optimizer.warmup_steps=5",

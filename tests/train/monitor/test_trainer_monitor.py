@@ -34,19 +34,26 @@ class _Records(logging.Handler):
     self.records.append(record)
 
 
+# The steps of the module's measured run and of the planted-fallback runs: the same config up to
+# host-side monitor settings (thresholds, fallback, a planted failure), so the same measured train
+# step, which XLA compiles once for both (the planted test loads it from the compile cache).
+STEPS = 3
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-  """(trainer, workdir, warning records of lpjax.train.monitor) of one measured 1-step run on one
-  device with monitor.max_flushed = 0 (a threshold: the compiled steps are those of any 1-step
+  """(trainer, workdir, warning records of lpjax.train.monitor) of one measured 3-step run on one
+  device with monitor.max_flushed = 0 (a threshold: the compiled steps are those of any 3-step
   run): the rows test checks its rows, alerts and train step, the fsdp test compares an 8-device
-  run's rows with its rows (one run, its measured step traced and compiled once for both)."""
+  run's rows with its step-1 rows (one run, its measured step traced and compiled once for both)."""
   workdir = tmp_path_factory.mktemp("monitor_on")
   logger, handler = logging.getLogger("lpjax.train.monitor"), _Records()
   level = logger.level
   logger.addHandler(handler)
   logger.setLevel(logging.WARNING)
   try:
-    trainer = Trainer(cfg(**{"monitor.max_flushed": 0.0}), str(workdir), devices=jax.devices()[:1])
+    trainer = Trainer(cfg(steps=STEPS, **{"monitor.max_flushed": 0.0}), str(workdir),
+                      devices=jax.devices()[:1])
     trainer.run()
   finally:
     logger.removeHandler(handler)
@@ -58,41 +65,48 @@ def measured(tmp_path_factory):
 def test_rows_equal_site_stats_with_alerts_heatmap_and_the_same_train_step(tmp_path, measured):
   trainer, on_dir, records = measured
   one = jax.devices()[:1]
-  rows = read(on_dir / "monitor.jsonl")
-  assert {r["path"] for r in rows} == {"attn/query", "attn/key", "attn/value", "attn/out", "up",
-                                       "down"}
-  assert all(r["step"] == 1 and r["recipe"] == "mxfp4" for r in rows)
-  # the measured loss is the train step's own (same params, batch and key)
-  assert rows[0]["loss"] == pytest.approx(losses(on_dir)[0][1], rel=1e-6)
+  all_rows = read(on_dir / "monitor.jsonl")
+  paths = {"attn/query", "attn/key", "attn/value", "attn/out", "up", "down"}
+  steps = range(1, STEPS + 1)
+  assert sorted((r["step"], r["path"]) for r in all_rows) == sorted(
+      (s, p) for s in steps for p in paths)
+  assert all(r["recipe"] == "mxfp4" for r in all_rows)
+  # the measured loss is the train step's own (same params, batch and key), at every step
+  assert [(r["step"], r["loss"]) for r in all_rows if r["path"] == "up"] == [
+      (s, pytest.approx(loss, rel=1e-6)) for s, loss in losses(on_dir)]
+  rows = [r for r in all_rows if r["step"] == 1]
 
   state, batch, key = check_against_site_stats(trainer, rows, operands=6 * 6)
   by_site = {r["path"]: r for r in rows}
 
-  # one alert line per operand over monitor.max_flushed = 0, naming site, statistic, value, limit
+  # one alert line per operand over monitor.max_flushed = 0, naming step, site, statistic, value,
+  # limit
   lines = [m.getMessage() for m in records if "monitor alert" in m.getMessage()]
-  expected = [(r["path"], f"{g}.{o}.flushed", v[o]["flushed"]) for r in rows
-              for g, v in ((g, r[g]) for g in ("fwd", "dgrad", "wgrad")) for o in v
-              if o != "out_snr_db" and v[o]["flushed"] > 0]
-  assert len(lines) == len(expected) > 0
-  for path, stat, value in expected:
-    assert any(f"{path} {stat} = {value:.4g} > monitor.max_flushed = 0" in l for l in lines)
+  expected = {s: [(r["path"], f"{g}.{o}.flushed", v[o]["flushed"]) for r in all_rows
+                  if r["step"] == s for g, v in ((g, r[g]) for g in ("fwd", "dgrad", "wgrad"))
+                  for o in v if o != "out_snr_db" and v[o]["flushed"] > 0] for s in steps}
+  assert len(lines) == sum(map(len, expected.values())) and expected[1]
+  for s in steps:
+    for path, stat, value in expected[s]:
+      assert any(l.startswith(f"step {s}: ") and
+                 f"{path} {stat} = {value:.4g} > monitor.max_flushed = 0" in l for l in lines)
 
   metrics = [r for r in read(on_dir / "metrics.jsonl") if "monitor/alerts" in r]
-  assert metrics[0]["monitor/alerts"] == len(expected)
+  assert [m["monitor/alerts"] for m in metrics] == [len(expected[s]) for s in steps]
   assert metrics[0]["monitor_snr/up"] == min(by_site["up"][g]["out_snr_db"]
                                              for g in ("fwd", "dgrad", "wgrad"))
   assert metrics[0]["monitor_gnr/up"] == by_site["up"]["grad_noise_ratio"]
   assert (on_dir / "monitor_heatmap.png").read_bytes()[:4] == b"\x89PNG"
 
   # the plain train step is today's: the same HLO with the monitor off
-  off = Trainer(cfg(**{"monitor.every": 0}), str(tmp_path / "off"), devices=one)
+  off = Trainer(cfg(steps=STEPS, **{"monitor.every": 0}), str(tmp_path / "off"), devices=one)
   lowered = [t.train_step(off.precision.policy).lower(state, batch, key).as_text()
              for t in (trainer, off)]
   assert lowered[0] == lowered[1]
   # and the measured step makes the same update
   off.run()
   assert not (tmp_path / "off" / "monitor.jsonl").exists()
-  assert losses(on_dir) == losses(tmp_path / "off")
+  assert losses(on_dir) == losses(tmp_path / "off") and len(losses(on_dir)) == STEPS
   for a, b in zip(jax.tree.leaves(trainer.final_state.params),
                   jax.tree.leaves(off.final_state.params)):
     assert np.array_equal(a, b)
@@ -142,12 +156,14 @@ def test_the_heatmap_without_matplotlib_is_a_log_line(tmp_path, monkeypatch, cap
 
 @pytest.mark.slow
 def test_fsdp_rows_match_one_device(tmp_path, measured):
-  _, one_dir, _ = measured  # the same 1-step run on one device
+  _, one_dir, _ = measured  # its first step: the same params, batch and key on one device
   eight = Trainer(cfg(**{"mesh.data": 1, "mesh.fsdp": 8}), str(tmp_path / "eight"))
   eight.run()
   up = eight.final_state.params["up"]["kernel"]
   assert "fsdp" in str(up.sharding.spec) and len(up.sharding.device_set) == 8
-  a, b = read(one_dir / "monitor.jsonl"), read(tmp_path / "eight" / "monitor.jsonl")
+  a = [r for r in read(one_dir / "monitor.jsonl") if r["step"] == 1]
+  b = read(tmp_path / "eight" / "monitor.jsonl")
+  assert len(a) == len(b) == 6
   assert [r["path"] for r in a] == [r["path"] for r in b]
   for ra, rb in zip(a, b):  # sharding changes summation orders only
     for g in ("fwd", "dgrad", "wgrad"):
@@ -163,7 +179,7 @@ FALLBACK = {"monitor.fallback": True, "monitor.fallback_after": 2,
 def test_a_planted_failing_site_falls_back_alone_and_resumes_identically(tmp_path, caplog):
   caplog.set_level(logging.WARNING, logger="lpjax.train.monitor")
   one = jax.devices()[:1]
-  full = Trainer(cfg(steps=4, **FALLBACK), str(tmp_path / "full"), devices=one)
+  full = Trainer(cfg(steps=STEPS, **FALLBACK), str(tmp_path / "full"), devices=one)
   results = full.run()
   switch, = results["site_fallbacks"]
   assert (switch["path"], switch["pass"], switch["step"], switch["recipe"]) == ("up", "fwd", 2,
@@ -179,12 +195,15 @@ def test_a_planted_failing_site_falls_back_alone_and_resumes_identically(tmp_pat
     assert "dy" in r["dgrad"] and "dy" in r["wgrad"]  # its backward stays MXFP4
   assert len(full._runners) == 2 and len(full.monitor._cache) == 2  # one recompile each
 
+  # stopped at the switch (step 2, checkpointed with it): the first part compiles the measured
+  # step of the base policy only, the resumed part the switched one only
   split = tmp_path / "split"
-  first = Trainer(cfg(steps=4, **FALLBACK), str(split), devices=one)
-  assert first.run(stop_after=3)["stopped"]
-  with open(split / "monitor.jsonl", "a") as f:  # as if a killed run had measured step 4
-    f.write(json.dumps({"step": 4, "path": "stale"}) + "\n" + '{"step": 4, "pa')
-  second = Trainer(cfg(steps=4, **FALLBACK), str(split), devices=one)
+  first = Trainer(cfg(steps=STEPS, **FALLBACK), str(split), devices=one)
+  assert first.run(stop_after=2)["stopped"]
+  assert first.monitor.switches == [switch] and len(first._runners) == 1
+  with open(split / "monitor.jsonl", "a") as f:  # as if a killed run had measured step 3
+    f.write(json.dumps({"step": 3, "path": "stale"}) + "\n" + '{"step": 3, "pa')
+  second = Trainer(cfg(steps=STEPS, **FALLBACK), str(split), devices=one)
   assert second.precision.policy.rules == ()
   resumed = second.run()
   assert resumed["site_fallbacks"] == results["site_fallbacks"]
