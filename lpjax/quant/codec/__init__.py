@@ -2,8 +2,9 @@
 
 Modules, and what they offer to the rest of lpjax:
 - `qarray`: `QArray` and `quantize` / `dequantize` / `fake_quant` / `random_bits` (the public
-  functions), with the `impl=` dispatch to a registered kernel backend (`lpjax.quant.backends`);
-  `quantize_unpacked` gives an encode's codes (unpacked), scales and values at once (`Unpacked`).
+  functions), with the `impl=` dispatch to a registered kernel backend (`lpjax.quant.backends`).
+- `unpacked`: `quantize_unpacked` gives an encode's codes (unpacked), scales and values at once
+  (`Unpacked`).
 - `group_codec`: `encode` / `decode` of a grouped array, exact or on the fast path.
 - `scales_exact`: block scales in exact integer arithmetic (`e8m0_exponent`, NVFP4's two-level
   scales; docs/numerics.md §4-5); lpjax.pallas computes its scales with these.

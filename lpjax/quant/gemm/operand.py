@@ -33,8 +33,8 @@ from lpjax.quant.numerics import rng
 from lpjax.quant.schemes import ssp
 from lpjax.quant.schemes.quest import quest
 from lpjax.quant.schemes.hadamard import hadamard, random_signs
-from lpjax.quant.codec.qarray import (QArray, Unpacked, dequantize, fake_quant, quantize,
-                                      quantize_unpacked)
+from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize
+from lpjax.quant.codec.unpacked import Unpacked, quantize_unpacked
 from lpjax.quant.recipes.gemm_recipe import OperandQuant
 from lpjax.quant.formats.tables import decode_table
 
@@ -191,7 +191,7 @@ def quantize_view(x, op: OperandQuant, *, axis: int, key, signs=None, block: int
 
   Returns (xs, x_hat, q): the quantizer's float32 input (after the RHT and the pre-scale, under
   stop_gradient), its dequantized output in float32 (the values `fake` gives, before unscaling),
-  and the quantization's codes and scales, unpacked (`qarray.Unpacked`; None for SSP and scheme
+  and the quantization's codes and scales, unpacked (`unpacked.Unpacked`; None for SSP and scheme
   quantizers, which keep no codes and scales).
   """
   xs = jax.lax.stop_gradient(_pre(x, op, axis, signs, block)).astype(jnp.float32)
@@ -211,7 +211,7 @@ def fake_seen(x, op: OperandQuant, *, axis: int, key, signs=None, block: int | N
   """(`fake(...)`, or `pack(...)` if `pack`; and `quantize_view(...)`'s (xs, x_hat, q)) from one
   quantization, for a core format (not SSP, not a scheme): the GEMM multiplies what the monitor
   measures, bit for bit `fake`'s values (one encode gives the codes, the scales and the values:
-  `qarray.quantize_unpacked`, no nibble packing and no second decode unless `pack`)."""
+  `unpacked.quantize_unpacked`, no nibble packing and no second decode unless `pack`)."""
   dtype = x.dtype if dtype is None else dtype
   xs = _pre(x, op, axis, signs, block)
   q = jax.lax.stop_gradient(quantize_unpacked(xs, op.fmt, **_quantize_kwargs(op, axis, key)))

@@ -40,7 +40,7 @@ from lpjax.quant.recipes.gemm_recipe import REUSE_FWD, GemmRecipe, OperandQuant
 # one measured GEMM: None (always, outside a measurement), or `seen(gemm, side, op, view)`, called
 # for each operand this module quantizes with a core format (not SSP, not a scheme), with `view`
 # = (xs, x_hat, q) as `operand.quantize_view` gives them, from the one quantization the GEMM
-# multiplies (`operand.fake_seen`: one encode, its codes unpacked, `qarray.Unpacked`): the
+# multiplies (`operand.fake_seen`: one encode, its codes unpacked, `unpacked.Unpacked`): the
 # statistics read it, no operand is quantized twice.
 OPERAND_OBSERVER: contextvars.ContextVar = contextvars.ContextVar("lpjax_operand_observer",
                                                                   default=None)

@@ -2,7 +2,7 @@
 
 `operand_numerics(xs, x_hat, q, op)` takes the output of `lpjax.quant.gemm.operand.quantize_view`
 (the quantizer's float32 input after the RHT and pre-scale, its dequantized output, and its codes
-and scales unpacked: `lpjax.quant.codec.qarray.Unpacked`)
+and scales unpacked: `lpjax.quant.codec.unpacked.Unpacked`)
 and returns float32 scalars, one per name of `STATS` (docs/numerics_monitor.md):
 
 - snr_db: 10 log10(sum xs^2 / sum (xs - x_hat)^2); inf when exact;
