@@ -9,6 +9,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from lpjax.quant import recipes
@@ -102,3 +103,41 @@ def test_each_operand_quantizer_is_traced_once_per_shape(monkeypatch):
   jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2)))(
       jnp.ones((8, 64)), jnp.ones((64, 64)), jnp.ones((64, 64)), jax.random.key(0))
   assert traced and set(traced.values()) == {1}, traced
+
+
+def test_a_cached_operand_quantizer_follows_the_element_path_and_the_kernel_dispatch(monkeypatch):
+  """The jitted operand quantizer's trace reads two things besides its arguments: whether
+  `reference_arithmetic()` is on (the exact integer path) and whether impl="auto" runs the kernels.
+  A trace made under one must not serve the other: each change traces anew, and the reference
+  trace takes the integer path (no float multiply by the group's factor: `fast_elements` is not
+  called)."""
+  from lpjax import quant
+  from lpjax.quant.codec import fast_elements, qarray
+
+  jax.clear_caches()
+  op = recipes.get("mxfp4_naive").fwd.lhs
+  x = jnp.linspace(-3.0, 3.0, 64 * 32).reshape(64, 32)
+  fast_calls = []
+  real_round = fast_elements.round_magnitude
+  monkeypatch.setattr(fast_elements, "round_magnitude",
+                      lambda *a, **k: fast_calls.append(1) or real_round(*a, **k))
+
+  traces = []
+  real_pre = opq._pre
+  monkeypatch.setattr(opq, "_pre", lambda *a: traces.append(1) or real_pre(*a))
+
+  def traced_fresh():  # traces opq.fake (a fresh outer lambda) and says whether _fake traced anew
+    before = len(traces)
+    y = jax.jit(lambda x: opq.fake(x, op, axis=-1, key=None))(x)
+    return len(traces) > before, y
+
+  fresh, y_fast = traced_fresh()
+  assert fresh and fast_calls
+  assert traced_fresh()[0] is False  # same shape and context: the cached trace
+  fast_calls.clear()
+  with quant.reference_arithmetic():
+    fresh, y_ref = traced_fresh()
+  assert fresh and not fast_calls  # the integer path, traced anew
+  np.testing.assert_array_equal(np.asarray(y_ref), np.asarray(y_fast))  # the same bits
+  monkeypatch.setattr(qarray, "_auto_uses_kernels", lambda: True)
+  assert traced_fresh()[0]  # the dispatch changed: traced anew

@@ -98,9 +98,15 @@ def reference_arithmetic():
     _REFERENCE.reset(token)
 
 
+def reference_active() -> bool:
+  """True inside `reference_arithmetic()`: traces made now take the exact integer path. A cache of
+  traces (e.g. a jitted quantizer) keys on it."""
+  return _REFERENCE.get()
+
+
 def use_fast_path(fmt, rounding: str) -> bool:
   """Whether the fast element path runs for `fmt` and `rounding` (see `supports`)."""
-  return not _REFERENCE.get() and supports(fmt, rounding)
+  return not reference_active() and supports(fmt, rounding)
 
 
 def supports(fmt, rounding: str) -> bool:

@@ -33,7 +33,7 @@ from lpjax.quant.numerics import rng
 from lpjax.quant.schemes import ssp
 from lpjax.quant.schemes.quest import quest
 from lpjax.quant.schemes.hadamard import hadamard, random_signs
-from lpjax.quant.codec import qarray
+from lpjax.quant.codec import fast_elements, qarray
 from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize
 from lpjax.quant.codec.unpacked import Unpacked, quantize_unpacked
 from lpjax.quant.recipes.gemm_recipe import OperandQuant
@@ -151,18 +151,19 @@ def fake(x, op, *, axis: int, key, signs=None, block: int | None = None, dtype=N
   if op is None and not block:
     return x.astype(dtype)
   return _fake(x, key, signs, op=op, axis=axis, block=block, dtype=dtype,
-               auto_kernels=qarray._auto_uses_kernels())
+               context=(qarray._auto_uses_kernels(), fast_elements.reference_active()))
 
 
 # `fake` is jitted with its options static, so that a model traces each operand quantizer
 # (RHT, pre-scale, quantizer, unscale) once per (shape, dtype, options), however many GEMM sites
 # and passes apply it: each further site is a cache hit, a call that XLA inlines (the same
 # arithmetic, the same bits). Tracing them anew at every site was most of an FP4 step's trace.
-# `auto_kernels` (whether impl="auto" runs the kernels now: the backend, LPJAX_PALLAS_AUTO) is
-# part of the cache key, so a cached trace never keeps a dispatch that no longer holds.
-@functools.partial(jax.jit, static_argnames=("op", "axis", "block", "dtype", "auto_kernels"))
-def _fake(x, key, signs, *, op, axis: int, block, dtype, auto_kernels: bool):
-  del auto_kernels  # a cache key only (see above)
+# `context` is what the trace reads besides its arguments: whether impl="auto" runs the kernels
+# (the backend, LPJAX_PALLAS_AUTO) and whether `reference_arithmetic()` is on. It is part of the
+# cache key, so a cached trace never keeps a dispatch or an element path that no longer holds.
+@functools.partial(jax.jit, static_argnames=("op", "axis", "block", "dtype", "context"))
+def _fake(x, key, signs, *, op, axis: int, block, dtype, context: tuple):
+  del context  # a cache key only (see above)
   xs = _pre(x, op, axis, signs, block)
   if op is None:
     return xs.astype(dtype)
