@@ -56,8 +56,8 @@ class Unpacked:
     if self.fmt.element.is_packed and codes.ndim:
       codes = pack_fp4(codes, axis=self.axis)
     return qa.QArray(codes=codes, scales=self.scales, tensor_scale=self.tensor_scale,
-                  zeros=self.zeros, fmt=self.fmt, shape=self.shape, axis=self.axis,
-                  dtype=self.dtype)
+                     zeros=self.zeros, fmt=self.fmt, shape=self.shape, axis=self.axis,
+                     dtype=self.dtype)
 
 
 def quantize_unpacked(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
@@ -81,7 +81,7 @@ def quantize_unpacked(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
   fmt, scale_mode = qa._options(fmt, rounding, scale_mode, key)
   if qa._kernel_backend(impl, fmt) is not None or x.size == 0:  # the kernel's QArray, unpacked
     q = qa.quantize(x, fmt, axis=axis, rounding=rounding, scale_mode=scale_mode, key=key,
-                 tensor_amax=tensor_amax, impl=impl)
+                    tensor_amax=tensor_amax, impl=impl)
     return _unpacked_of(x, q, impl)
   rbits = qa.random_bits(key, x.shape) if rounding == "stochastic" else None
   return _quantize_unpacked_xla(x, rbits, tensor_amax, fmt=fmt, axis=axis, rounding=rounding,
@@ -91,7 +91,7 @@ def quantize_unpacked(x, fmt, *, axis: int = -1, rounding: str = "nearest_even",
 @functools.partial(jax.jit, static_argnames=qa._STATIC)
 def _quantize_unpacked_xla(x, rbits, tensor_amax, *, fmt, axis, rounding, scale_mode, fast_path):
   layout, enc = qa._grouped_encode(x, fmt, axis, rounding, scale_mode, rbits, tensor_amax,
-                                fast_path, want_values=True)
+                                   fast_path, want_values=True)
   # the values and codes side by side, computed once (`materialize`): XLA would otherwise repeat
   # the whole element pass in each of their readers (the GEMM and every statistic)
   both = jnp.stack([qa._value_bits(enc, fmt), enc.codes.astype(jnp.uint32)], -1)

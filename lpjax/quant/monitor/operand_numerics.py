@@ -165,7 +165,7 @@ def _scale_sums(q, op) -> dict:
       clamped = enc >= jnp.uint32(sc.FLT_MAX_BITS)
   clamped = jnp.broadcast_to(live & clamped, exp.shape)
   n_live = jnp.broadcast_to(live, exp.shape)
-  live = jnp.broadcast_to(live, exp.shape) & (scales != 0 if fmt.scale != "e8m0" else True)
+  live = n_live & (scales != 0 if fmt.scale != "e8m0" else True)
   bins = jnp.clip(exp.astype(jnp.int32) - EXP_LO, 0, EXP_BINS - 1).reshape(-1, 1)
   # One pass over the blocks: each block's one-hot histogram row (a scatter-add expands to a
   # loop on XLA:CPU) beside its clamped and live flags, summed together (exact counts).
