@@ -15,6 +15,7 @@ from monitor_mlp import D, mlp_batch, mlp_loss, mlp_params
 from lpjax import quant
 from lpjax.quant.gemm.dot_general import quantizer_inputs
 from lpjax.quant.gemm.operand import quantize_view
+from lpjax.quant.monitor import operand_numerics as operand_numerics_module
 from lpjax.quant.monitor.operand_numerics import STATS, operand_numerics
 from lpjax.quant.recipes.gemm_recipe import OperandQuant
 
@@ -150,6 +151,22 @@ def test_operand_statistics_and_clamped_scales_against_numpy(fmt):
   want = _np_mxfp4(xs, xh, "floor") if fmt == "mxfp4" else _np_nvfp4(xs, xh)
   assert want["clamped_scales"] > 0
   _assert_stats(got, want, fmt)
+
+
+def test_the_scale_histogram_and_flag_counts_equal_numpy_bincount():
+  """The block-exponent histogram (two one-hot digits multiplied) and the flag counts are exact
+  counts: numpy's bincount of the live blocks, every bin including both ends, at a size where a
+  float32 sum of ones would still be exact and one where chunks must add up."""
+  rng = np.random.default_rng(3)
+  bins_count = operand_numerics_module.EXP_BINS
+  for n in (1, 77, 40_000):
+    bins = rng.integers(0, bins_count, n).astype(np.int32)
+    bins[: min(n, 2)] = [0, bins_count - 1][: min(n, 2)]
+    live, a, b = rng.random(n) < 0.8, rng.random(n) < 0.3, rng.random(n) < 0.5
+    hist, count_a, count_b = jax.jit(operand_numerics_module._histogram)(
+        jnp.asarray(bins), jnp.asarray(live), jnp.asarray(a), jnp.asarray(b))
+    np.testing.assert_array_equal(np.asarray(hist), np.bincount(bins[live], minlength=bins_count))
+    assert (float(count_a), float(count_b)) == (a.sum(), b.sum())
 
 
 def test_a_kept_site_reports_no_error_and_exact_operands_report_none():
