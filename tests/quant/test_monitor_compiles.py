@@ -220,7 +220,7 @@ def test_the_operand_statistics_read_one_unpacked_encode(recipe):
   """The measured step's operand statistics read the codes, scales and values of the one encode
   the GEMM multiplies (`quantize_unpacked`): no nibble packing or unpacking, no code-table gather,
   no scatter for the scale histogram, and a bounded compile (3-layer MLP: measured / plain
-  optimized-HLO instructions were 4.65x (mxfp4) and 3.27x (nvfp4), now 2.59x and 2.00x)."""
+  optimized-HLO instructions were 4.65x (mxfp4) and 3.27x (nvfp4), now 2.36x and 1.98x)."""
   import re
 
   from lpjax.quant.monitor.operand_numerics import EXP_BINS
