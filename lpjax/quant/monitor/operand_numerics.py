@@ -197,8 +197,8 @@ def _histogram(bins, live, *flags):
   """
   col = lambda m: m.reshape(-1, 1)
   bins = col(bins.astype(jnp.uint32))
-  hi = bins >> _LO_BITS == jnp.arange(EXP_BINS >> _LO_BITS, dtype=jnp.uint32)
-  lo = (bins & ((1 << _LO_BITS) - 1) == jnp.arange(1 << _LO_BITS, dtype=jnp.uint32)) & col(live)
+  hi = (bins >> _LO_BITS) == jnp.arange(EXP_BINS >> _LO_BITS, dtype=jnp.uint32)
+  lo = ((bins & ((1 << _LO_BITS) - 1)) == jnp.arange(1 << _LO_BITS, dtype=jnp.uint32)) & col(live)
   rows = jnp.concatenate([hi, jnp.ones_like(hi[:, :1])], axis=1).astype(jnp.float32)
   cols = jnp.concatenate([lo, *map(col, flags)], axis=1).astype(jnp.float32)
   joint = jnp.einsum("nh,nl->hl", rows, cols, precision=jax.lax.Precision.HIGHEST)
