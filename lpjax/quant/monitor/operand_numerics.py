@@ -180,8 +180,8 @@ def _scale_sums(q, op) -> dict:
   n_live = jnp.broadcast_to(live, exp.shape)
   live = n_live & (scales != 0 if fmt.scale != "e8m0" else True)
   bins = jnp.clip(exp.astype(jnp.int32) - EXP_LO, 0, EXP_BINS - 1)
-  exponents, clamped, n_live = _histogram(bins, live, clamped, n_live)
-  return dict(exponents=exponents, clamped=clamped, live=n_live)
+  exponents, clamped_count, live_count = _histogram(bins, live, clamped, n_live)
+  return dict(exponents=exponents, clamped=clamped_count, live=live_count)
 
 
 def _histogram(bins, live, *flags):
