@@ -92,6 +92,36 @@ def test_random_bits_are_the_contract_hash(key):
     assert a != 0 and m != 1
 
 
+def _entry_fusions(f, *args):
+  """(shapes of the kernels of the compiled f's entry computation, {fused computation: text})."""
+  txt = jax.jit(f).lower(*args).compile().as_text()
+  entry = txt[txt.index("ENTRY"):]
+  kernels = [(line.split("=")[1].split("fusion(")[0].strip(), line.split("calls=")[1].split(",")[0])
+             for line in entry.splitlines() if " fusion(" in line]
+  bodies = {name: txt[txt.index(name + " "):].split("\n}\n")[0] for _, name in kernels}
+  return [shape for shape, _ in kernels], [bodies[name] for _, name in kernels]
+
+
+def test_a_derived_keys_bits_are_two_kernels_and_its_signs_one():
+  """A GEMM operand's SR bits: the key derivation and the stream words are one scalar kernel
+  (before, four: the fold and the words each materialized apart), the bits one per-element kernel
+  with the per-element hash only (3 multiplies: the Weyl step and lowbias32's two; the key's
+  hashes folded into it would add 10). The RHT signs: one kernel, words and signs together."""
+  key = jax.random.key(11)
+  shapes, bodies = _entry_fusions(lambda k: _rng.random_bits(_rng.fold_in(k, 5), (4096,)), key)
+  assert shapes == ["u32[2]{0}", "u32[4096]{0}"], shapes
+  assert bodies[1].count(" multiply(") == 3, bodies[1]
+  shapes, _ = _entry_fusions(lambda k: opq.hadamard_signs(k, "dgrad", 32), key)
+  assert shapes == ["f32[32]{0}"], shapes
+  # the same bits as the contract's (and the eager path's)
+  k0, k1 = (int(w) for w in _rng.key_words(_rng.fold_in(key, 5)))
+  np.testing.assert_array_equal(
+      np.asarray(jax.jit(lambda k: _rng.random_bits(_rng.fold_in(k, 5), (4096,)))(key)),
+      _ref_random_bits(k0, k1, 4096))
+  signs = np.asarray(jax.jit(lambda k: opq.hadamard_signs(k, "dgrad", 32))(key))
+  np.testing.assert_array_equal(signs, np.asarray(opq.hadamard_signs(key, "dgrad", 32)))
+
+
 def _weak_spots(bits, z=5.5):
   """Failures of 1-bit statistics of a uint32 stream, each against its binomial bound (z standard
   errors): every bit balanced; every bit independent of the same bit of the next element and of

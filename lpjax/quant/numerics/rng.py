@@ -90,24 +90,35 @@ def hash_bits(flat_index, a, m):
   return lowbias32(flat_index * m + a)
 
 
-def stream_words(key):
+def stream_words(key, *, materialized: bool = True):
   """The (offset a, odd multiplier m) uint32 words of a key's stream, computed once per key:
   a = fmix32(k0 ^ 0x3C6EF372), m = fmix32(k1 ^ a ^ 0xA54FF53A) | 1 for the key's words (k0, k1)
   (`key_words`). Distinct keys get distinct multipliers, so their streams are different Weyl
-  sequences, not shifted copies of one."""
+  sequences, not shifted copies of one.
+
+  materialized=False leaves the (same) words to XLA's fusion: for a caller that materializes what
+  it computes from them (the RHT signs), so that the words and its values are one kernel.
+  """
   k0, k1 = key_words(key)
-  words = _stream_words(k0, k1)
+  words = (_stream_words if materialized else _stream_words_fused)(k0, k1)
   return words[0], words[1]
+
+
+def _words(k0, k1):
+  a = fmix32(k0 ^ U32(_OFFSET_SALT))
+  return jnp.stack([a, fmix32(k1 ^ a ^ U32(_MULTIPLIER_SALT)) | U32(1)])
 
 
 @jax.jit
 def _stream_words(k0, k1):
-  a = fmix32(k0 ^ U32(_OFFSET_SALT))
-  m = fmix32(k1 ^ a ^ U32(_MULTIPLIER_SALT)) | U32(1)
-  # Computed once: XLA would otherwise fuse these scalar hashes into every element's bits.
-  words = jnp.stack([a, m])
-  (words,) = materialize((words,), opaque_zero(words))
+  # Computed once: XLA would otherwise fuse these scalar hashes into every element's bits. The
+  # opaque zero comes from the key's word, not the result: the hashes, the stack and the division
+  # are then one small kernel (from the result, they were two).
+  (words,) = materialize((_words(k0, k1),), opaque_zero(k0))
   return words
+
+
+_stream_words_fused = jax.jit(_words)
 
 
 def flat_index(shape):
@@ -148,9 +159,6 @@ def _fold_words(k0, k1, tag):
   t = fmix32(tag * U32(_TAG_MULTIPLIER) + U32(_TAG_OFFSET))
   a = fmix32(k0 ^ t)
   b = fmix32(k1 ^ a ^ U32(_WORD_SALT))
-  # Computed once: XLA would otherwise fuse these scalar hashes into every element's random bits.
-  # As one (2,) array: materializing the two scalars made a sharded program (the FSDP weight
-  # gather's test) abort now and then on XLA:CPU; the vector form never did in the same runs.
-  words = jnp.stack([b, a])
-  (words,) = materialize((words,), opaque_zero(words))
-  return words
+  # Not materialized: every consumer of a derived key computes its stream words once
+  # (`_stream_words` materializes them), into which XLA fuses these scalar hashes.
+  return jnp.stack([b, a])

@@ -133,10 +133,13 @@ def positive_zeros(y):
 def random_signs(key, n: int) -> jax.Array:
   """float32 ±1 of shape (n,), from `key`: sign i is -1 where the top bit of
   `lpjax.quant.random_bits(key, (n,))[i]` is set, +1 otherwise."""
-  bits = rng.random_bits(key, (n,))
+  a, m = rng.stream_words(key, materialized=False)  # materialized below, with the signs
+  bits = rng.hash_bits(rng.flat_index((n,)), a, m)  # rng.random_bits(key, (n,))
   signs = jnp.where((bits >> 31) != 0, jnp.float32(-1.0), jnp.float32(1.0))
-  # Computed once: XLA would otherwise fuse the hash into every element of the transform.
-  (signs,) = materialize((signs,), opaque_zero(bits))
+  # Computed once: XLA would otherwise fuse the hashes into every element of the transform. The
+  # opaque zero from a stream word (not the bits): the key's hashes, the bits' and the division
+  # are one kernel.
+  (signs,) = materialize((signs,), opaque_zero(a))
   return signs
 
 
