@@ -92,9 +92,11 @@ def _threefry_words(words, data):
   """The new key's two words: Threefry of the counter (0, data) (jax's 32-bit seed of `data`).
 
   Jitted, so that a model's many derivations reuse one trace; the two words are materialized, so
-  that XLA does not fuse these scalar rounds into (and compile them again in) every consumer.
+  that XLA does not fuse these scalar rounds into (and compile them again in) every consumer,
+  with an opaque zero from the input words (from the output, the rounds and the division were two
+  kernels).
   """
   x0, x1 = threefry2x32(words[..., 0], words[..., 1], U32(0), data.astype(U32))
   out = jnp.stack([x0, x1], axis=-1)
-  (out,) = materialize((out,), opaque_zero(out))
+  (out,) = materialize((out,), opaque_zero(words))
   return out
