@@ -92,6 +92,29 @@ def test_random_bits_are_the_contract_hash(key):
     assert a != 0 and m != 1
 
 
+@pytest.mark.parametrize("key", [jax.random.key(0), jax.random.key(77), jax.random.PRNGKey(7)])
+def test_derived_streams_and_signs_are_those_of_each_key_alone(key):
+  """A GEMM pass derives its operands' streams and its signs at once (`rng.derived_streams`,
+  `operand.operand_streams`, `operand.hadamard_signs_each`): the contract's words and bits, as
+  when each key is derived alone (jitted and eager alike)."""
+  tags = [4, 5, 8, 9, 0xFFFFFFFF]
+  for i, stream in enumerate(_rng.derived_streams(key, tags)):
+    k0, k1 = (int(w) for w in ref_fold_in(key, tags[i]))
+    a = fmix32(k0 ^ 0x3C6EF372)
+    assert [int(w) for w in stream.words] == [a, fmix32(k1 ^ a ^ 0xA54FF53A) | 1]
+    np.testing.assert_array_equal(np.asarray(quant.random_bits(stream, (3, 50))).ravel(),
+                                  _ref_random_bits(k0, k1, 150))
+  places = [("dgrad", opq.LHS), ("dgrad", opq.RHS), ("wgrad", opq.LHS), ("wgrad", opq.RHS)]
+  streams = jax.jit(lambda k: opq.operand_streams(k, places))(key)
+  for place, stream in zip(places, streams):
+    alone = quant.random_bits(opq.operand_key(key, *place), (64,))
+    np.testing.assert_array_equal(np.asarray(quant.random_bits(stream, (64,))), np.asarray(alone))
+  for k in (key, None):
+    each = jax.jit(lambda k: opq.hadamard_signs_each(k, ["dgrad", "wgrad"], 32))(k)
+    for gemm, signs in zip(["dgrad", "wgrad"], each):
+      np.testing.assert_array_equal(np.asarray(signs), np.asarray(opq.hadamard_signs(k, gemm, 32)))
+
+
 def _entry_fusions(f, *args):
   """(shapes of the kernels of the compiled f's entry computation, {fused computation: text})."""
   txt = jax.jit(f).lower(*args).compile().as_text()

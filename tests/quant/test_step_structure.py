@@ -112,3 +112,40 @@ def test_quartet_backward_runs_one_quest_per_operand():
   # the backward for both the from_fwd operands and the trust masks (before: 6, each twice).
   assert prims["sqrt"] == 4, prims["sqrt"]
   assert prims["dot_general"] == 3
+
+
+# -- a GEMM's keys ----------------------------------------------------------------------------------
+def _entry_kernels(compiled_text):
+  """(dtype, sorted dims) of each kernel (fusion) of the compiled program's entry computation."""
+  entry = compiled_text[compiled_text.index("ENTRY"):]
+  out = []
+  for line in entry.splitlines():
+    if " fusion(" in line:
+      shape = line.split("=")[1].split("fusion(")[0].strip()  # e.g. u32[2,4]{1,0}
+      dtype, dims = shape.split("[")[0], shape.split("[")[1].split("]")[0]
+      out.append((dtype, tuple(sorted(int(d) for d in dims.split(",") if d))))
+  return out
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4"])
+def test_a_gemms_backward_derives_its_signs_and_sr_streams_in_one_kernel_each(recipe):
+  """The backward's stochastic operands' streams are one u32[n, 2] kernel (mxfp4: 4 operands,
+  nvfp4: 2), and mxfp4's RHT signs of dgrad and wgrad one f32[2, 32] kernel: no per-key kernel
+  (u32[2], one per stream before) is left. The same values as deriving each alone: `test_rng`
+  pins the streams and signs, `test_gemm` the GEMMs' bits."""
+  from lpjax.quant import recipes
+  r = recipes.get(recipe)
+  stochastic = sum(op is not None and getattr(op, "stochastic", False)
+                   for g in ("dgrad", "wgrad") for op in getattr(r, g).operands())
+  x = jax.random.normal(jax.random.key(0), (64, 96), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (96, 128), jnp.float32)
+  f = lambda x, w, k: jnp.sum(dot_general(x, w, (((1,), (0,)), ((), ())), recipe, key=k) ** 2)
+  grad = jax.jit(jax.grad(f, argnums=(0, 1)))
+  kernels = _entry_kernels(grad.lower(x, w, jax.random.key(5)).compile().as_text())
+  assert stochastic >= 2
+  assert ("u32", (2,)) not in kernels, kernels
+  assert kernels.count(("u32", tuple(sorted((stochastic, 2))))) == 1, kernels
+  blocks = [getattr(r, g).hadamard_block for g in ("dgrad", "wgrad")]
+  if blocks[0] and blocks[0] == blocks[1]:  # the signs (as their bits or as float32)
+    both = [k for k in kernels if k[1] == (2, blocks[0])]
+    assert len(both) == 1, kernels

@@ -97,6 +97,7 @@ def _forward(lhs, rhs, key, cfg: _Static, memo: dict | None = None):
   r = cfg.recipe
   kernel = gk.use_kernel(r, "fwd")
   memo = {} if memo is None else memo  # one derivation of each pass's RHT signs (po.gemm_signs)
+  po.derive_pass_keys(key, r, ("fwd",), memo)
   w = po.fwd_operand(rhs, RHS, key, r, pack=kernel, w_axes=cfg.rhs_axes, memo=memo)
   x = po.fwd_operand(lhs, LHS, key, r, pack=kernel, memo=memo)
   return _mm_out(x, w, cfg, "fwd" if kernel else None).astype(cfg.out_dtype)
@@ -120,6 +121,7 @@ def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   r = cfg.recipe
   kd, kw = gk.use_kernel(r, "dgrad"), gk.use_kernel(r, "wgrad")  # packed operands, the kernel
   m = {}  # each pass's RHT signs derived once, shared by its operands (po.gemm_signs)
+  po.derive_pass_keys(key, r, ("dgrad", "wgrad"), m)  # both passes' signs and SR streams at once
   # dgrad: dX = dY W^T, contraction over N.
   dy_n = po.pass_operand(dy, "dgrad", LHS, -1, key, r, pack=kd, memo=m)
   if r.residuals == "quantized":

@@ -76,13 +76,45 @@ def gemm_signs(key, recipe: GemmRecipe, gemm: str, memo: dict | None = None):
   return out
 
 
-def operand_key(key, op, gemm: str, side: int):
+def operand_key(key, op, gemm: str, side: int, memo: dict | None = None):
   """The SR key of operand `side` of `gemm` (`operand.operand_key`), or None where its quantizer
   draws no random bits (high precision or round to nearest: no scheme uses a key then, nor does
-  the quantizer): not derived at all."""
+  the quantizer): not derived at all. From `memo`, the stream `derive_pass_keys` derived."""
   if not isinstance(op, OperandQuant) or not op.stochastic:
     return None
+  if memo is not None and ("stream", gemm, side) in memo:
+    return memo[("stream", gemm, side)]
   return opq.operand_key(key, gemm, side)
+
+
+def _streams_its_bits(op) -> bool:
+  """Whether operand quantizer `op` uses its key for random bits only (a core format's SR: a
+  `rng.Stream` serves it); a scheme derives keys of its own from it."""
+  return isinstance(op, OperandQuant) and op.stochastic and not op.scheme and not op.is_ssp
+
+
+def derive_pass_keys(key, recipe: GemmRecipe, gemms, memo: dict):
+  """Derives, into `memo`, what the passes `gemms` of one GEMM call draw from `key`: the RHT
+  signs of passes sharing a block size as one kernel (`operand.hadamard_signs_each`), and the
+  streams of their stochastic operands as one kernel (`operand.operand_streams`), where each was
+  a kernel of its own. The same values (`gemm_signs`, `operand_key` read them from `memo`)."""
+  by_block = {}
+  for gemm in gemms:
+    block = getattr(recipe, gemm).hadamard_block
+    if block and gemm not in memo and not (gemm == "fwd" and recipe.trust_masked):
+      by_block.setdefault(block, []).append(gemm)
+  for block, group in by_block.items():
+    if len(group) > 1:
+      for gemm, signs in zip(group, opq.hadamard_signs_each(key, group, block)):
+        memo[gemm] = signs, block
+  if key is None:
+    return
+  places = [(gemm, side) for gemm in gemms for side in (LHS, RHS)
+            if _streams_its_bits(getattr(recipe, gemm).operands()[side])
+            and ("stream", gemm, side) not in memo]
+  if len(places) > 1:
+    for place, stream in zip(places, opq.operand_streams(key, places)):
+      memo[("stream",) + place] = stream
 
 
 def through_trust_mask(g, x, side: int, key, recipe: GemmRecipe, memo: dict | None = None):
@@ -178,7 +210,7 @@ def fwd_operand(x, side: int, key, recipe: GemmRecipe, *, pack: bool = False, w_
   signs, block = gemm_signs(key, recipe, "fwd", memo)
   given = x
   x, axis = to_last(x, -1 if side == LHS else -2, op is not None or bool(block))
-  kw = dict(axis=axis, key=operand_key(key, op, "fwd", side), signs=signs, block=block)
+  kw = dict(axis=axis, key=operand_key(key, op, "fwd", side, memo), signs=signs, block=block)
   axes, weight = _layout_axes(x, "fwd", side, w_axes, side == RHS and axis == -1)
   if (memo is not None and not pack and recipe.trust_masked and op.sr_prescale is None
       and not wg.active(axes, x.shape, op.format, block)):  # QuEST: values and mask at once
@@ -218,7 +250,7 @@ def pass_operand(x, gemm: str, side: int, axis: int, key, recipe: GemmRecipe, *,
   signs, block = gemm_signs(key, recipe, gemm, memo)
   before = axis % x.ndim
   x, axis = to_last(x, axis, op is not None or bool(block))
-  kw = dict(axis=axis, key=operand_key(key, op, gemm, side), signs=signs, block=block)
+  kw = dict(axis=axis, key=operand_key(key, op, gemm, side, memo), signs=signs, block=block)
   axes, weight = _layout_axes(x, gemm, side, w_axes, axis % x.ndim != before)
   return _quantized(x, op, axes, weight, recipe, pack=pack, place=(gemm, side), **kw), axis
 

@@ -27,6 +27,8 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -99,9 +101,52 @@ def stream_words(key, *, materialized: bool = True):
   materialized=False leaves the (same) words to XLA's fusion: for a caller that materializes what
   it computes from them (the RHT signs), so that the words and its values are one kernel.
   """
+  if isinstance(key, Stream):  # derived already (`derived_streams`)
+    return key.words[0], key.words[1]
   k0, k1 = key_words(key)
   words = (_stream_words if materialized else _stream_words_fused)(k0, k1)
   return words[0], words[1]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Stream:
+  """The stream of a derived key, its words computed already: `stream_words` and `random_bits`
+  take it where they take a key, with the same bits as the key's (`derived_streams`)."""
+  words: jax.Array  # uint32[2]: (a, m) of `stream_words`
+
+
+def derived_streams(key, tags) -> list:
+  """[Stream of fold_in(key, t) for each t of `tags`]: the same words as
+  `stream_words(fold_in(key, t))`, every tag's fold and words computed as one small kernel (a
+  GEMM's backward derives its stochastic operands' streams at once: one kernel, not one each).
+
+  Examples:
+    >>> import jax
+    >>> k = jax.random.key(4)
+    >>> s = derived_streams(k, [1, 5])[1]
+    >>> bool((random_bits(s, (8,)) == random_bits(fold_in(k, 5), (8,))).all())
+    True
+  """
+  k0, k1 = key_words(key)
+  words = _derived_words(k0, k1, jnp.asarray(list(tags), U32))
+  return [Stream(words[i]) for i in range(len(tags))]
+
+
+def derived_stream_words(key, tags):
+  """(a, m) uint32 vectors: `stream_words(fold_in(key, t))` for each t of `tags`, left to XLA's
+  fusion (for a caller that materializes what it computes from them, as the RHT signs)."""
+  k0, k1 = key_words(key)
+  b, a = _fold_words(k0, k1, jnp.asarray(list(tags), U32))  # fold_in's new key words (b, a)
+  words = _stream_words_fused(b, a)
+  return words[0], words[1]
+
+
+@jax.jit
+def _derived_words(k0, k1, tags):
+  b, a = _fold_words(k0, k1, tags)
+  (words,) = materialize((_words(b, a).T,), opaque_zero(k0))  # one (a, m) row per tag
+  return words
 
 
 def _words(k0, k1):
