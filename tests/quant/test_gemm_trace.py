@@ -33,8 +33,16 @@ def _derivations(monkeypatch, recipe, residuals=None):
     keys[gemm, side] += 1
     return real_key(key, gemm, side)
 
+  real_streams = opq.operand_streams
+
+  def counted_streams(key, places):  # a pass's keys derived at once: each counts as one
+    for gemm, side in places:
+      keys[gemm, side] += 1
+    return real_streams(key, places)
+
   monkeypatch.setattr(opq, "hadamard_signs", counted_signs)
   monkeypatch.setattr(opq, "operand_key", counted_key)
+  monkeypatch.setattr(opq, "operand_streams", counted_streams)
   r = recipes.get(recipe)
   if residuals is not None:
     r = dataclasses.replace(r, residuals=residuals)

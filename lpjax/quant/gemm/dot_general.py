@@ -121,7 +121,8 @@ def _qgemm_bwd(cfg: _Static, lhs_dtype, rhs_dtype, residuals, dy):
   r = cfg.recipe
   kd, kw = gk.use_kernel(r, "dgrad"), gk.use_kernel(r, "wgrad")  # packed operands, the kernel
   m = {}  # each pass's RHT signs derived once, shared by its operands (po.gemm_signs)
-  po.derive_pass_keys(key, r, ("dgrad", "wgrad"), m)  # both passes' signs and SR streams at once
+  kept = (po.W_FOR_DGRAD[:2], po.X_FOR_WGRAD[:2]) if r.residuals == "quantized" else ()
+  po.derive_pass_keys(key, r, ("dgrad", "wgrad"), m, skip=kept)  # both passes' SR streams at once
   # dgrad: dX = dY W^T, contraction over N.
   dy_n = po.pass_operand(dy, "dgrad", LHS, -1, key, r, pack=kd, memo=m)
   if r.residuals == "quantized":

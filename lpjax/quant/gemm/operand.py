@@ -32,7 +32,7 @@ from lpjax.quant.schemes import nvfp4 as schemes
 from lpjax.quant.numerics import rng
 from lpjax.quant.schemes import ssp
 from lpjax.quant.schemes.quest import quest
-from lpjax.quant.schemes.hadamard import hadamard, random_signs, random_signs_each
+from lpjax.quant.schemes.hadamard import hadamard, random_signs
 from lpjax.quant.codec import fast_elements, qarray
 from lpjax.quant.codec.qarray import QArray, dequantize, fake_quant, quantize
 from lpjax.quant.codec.unpacked import Unpacked, quantize_unpacked
@@ -60,12 +60,6 @@ def hadamard_signs(key, gemm: str, block: int):
   """The ±1 RHT signs of `gemm`, shared by both its operands; fixed signs when key is None."""
   base = jax.random.key(_DEFAULT_SIGNS_SEED) if key is None else key
   return random_signs(rng.fold_in(base, _tag(gemm, _SIGNS)), block)
-
-
-def hadamard_signs_each(key, gemms, block: int) -> list:
-  """[`hadamard_signs(key, g, block)` for each g of `gemms`], the same values, as one kernel."""
-  base = jax.random.key(_DEFAULT_SIGNS_SEED) if key is None else key
-  return random_signs_each(base, [_tag(g, _SIGNS) for g in gemms], block)
 
 
 def operand_streams(key, places) -> list:

@@ -93,25 +93,16 @@ def _streams_its_bits(op) -> bool:
   return isinstance(op, OperandQuant) and op.stochastic and not op.scheme and not op.is_ssp
 
 
-def derive_pass_keys(key, recipe: GemmRecipe, gemms, memo: dict):
-  """Derives, into `memo`, what the passes `gemms` of one GEMM call draw from `key`: the RHT
-  signs of passes sharing a block size as one kernel (`operand.hadamard_signs_each`), and the
-  streams of their stochastic operands as one kernel (`operand.operand_streams`), where each was
-  a kernel of its own. The same values (`gemm_signs`, `operand_key` read them from `memo`)."""
-  by_block = {}
-  for gemm in gemms:
-    block = getattr(recipe, gemm).hadamard_block
-    if block and gemm not in memo and not (gemm == "fwd" and recipe.trust_masked):
-      by_block.setdefault(block, []).append(gemm)
-  for block, group in by_block.items():
-    if len(group) > 1:
-      for gemm, signs in zip(group, opq.hadamard_signs_each(key, group, block)):
-        memo[gemm] = signs, block
+def derive_pass_keys(key, recipe: GemmRecipe, gemms, memo: dict, skip=()):
+  """Derives, into `memo`, the SR streams of the stochastic operands of the passes `gemms` of one
+  GEMM call as one kernel (`operand.operand_streams`), where each key was a kernel of its own: the
+  same bits (`operand_key` reads them from `memo`). `skip`: (gemm, side) places not quantized
+  here (the backward's operands kept as quantized residuals)."""
   if key is None:
     return
   places = [(gemm, side) for gemm in gemms for side in (LHS, RHS)
             if _streams_its_bits(getattr(recipe, gemm).operands()[side])
-            and ("stream", gemm, side) not in memo]
+            and (gemm, side) not in skip and ("stream", gemm, side) not in memo]
   if len(places) > 1:
     for place, stream in zip(places, opq.operand_streams(key, places)):
       memo[("stream",) + place] = stream

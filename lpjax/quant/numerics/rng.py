@@ -133,15 +133,6 @@ def derived_streams(key, tags) -> list:
   return [Stream(words[i]) for i in range(len(tags))]
 
 
-def derived_stream_words(key, tags):
-  """(a, m) uint32 vectors: `stream_words(fold_in(key, t))` for each t of `tags`, left to XLA's
-  fusion (for a caller that materializes what it computes from them, as the RHT signs)."""
-  k0, k1 = key_words(key)
-  b, a = _fold_words(k0, k1, jnp.asarray(list(tags), U32))  # fold_in's new key words (b, a)
-  words = _stream_words_fused(b, a)
-  return words[0], words[1]
-
-
 @jax.jit
 def _derived_words(k0, k1, tags):
   b, a = _fold_words(k0, k1, tags)

@@ -143,16 +143,6 @@ def random_signs(key, n: int) -> jax.Array:
   return signs
 
 
-def random_signs_each(key, tags, n: int) -> list:
-  """[`random_signs(rng.fold_in(key, t), n)` for each t of `tags`], the same values, computed as
-  one kernel (a GEMM's backward derives both its passes' signs at once)."""
-  a, m = rng.derived_stream_words(key, tags)
-  bits = rng.hash_bits(rng.flat_index((n,))[None, :], a[:, None], m[:, None])
-  signs = jnp.where((bits >> 31) != 0, jnp.float32(-1.0), jnp.float32(1.0))
-  (signs,) = materialize((signs,), opaque_zero(a)[:, None])  # as `random_signs`
-  return [signs[i] for i in range(len(tags))]
-
-
 def hadamard(x, block: int, axis: int = -1, signs=None, inverse: bool = False) -> jax.Array:
   """Applies H_block diag(signs) / sqrt(block) to each block of `block` elements along `axis`.
 
