@@ -275,6 +275,31 @@ def test_spec_of_hlo_sharding_reads_back_the_spec_of_a_tiling(spec):
   assert jax_compat.spec_of_hlo_sharding(types.SimpleNamespace(), mesh) is None
 
 
+def _tiling(order):
+  """A GSPMD-style holder of the HLO tiling of axis 0 of a 2-D array over 8 devices in `order`
+  (jax's own OpSharding proto: the tilings XLA's propagation hands a custom partitioner)."""
+  from jax._src.lib import xla_client as xc  # no public constructor for an arbitrary tiling
+  op = xc.OpSharding()
+  op.type = xc.OpSharding.Type.OTHER
+  op.tile_assignment_dimensions = [8, 1]
+  op.tile_assignment_devices = order
+  return types.SimpleNamespace(_hlo_sharding=xc.HloSharding.from_proto(op))
+
+
+@pytest.mark.parametrize("order", [[0, 2, 4, 6, 1, 3, 5, 7], [1, 0, 2, 3, 4, 5, 6, 7]])
+def test_spec_of_hlo_sharding_is_none_for_a_device_order_no_mesh_axes_spell(order):
+  """A tiling over the mesh's devices in an order that no PartitionSpec of the mesh spells (jax's
+  parser fails an assertion on the first and raises NotImplementedError on the second): None, so
+  the sharded Pallas GEMM gathers that operand instead of failing to partition."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("x", "y"))
+  assert jax_compat.spec_of_hlo_sharding(_tiling(order), mesh) is None
+  # orders that the mesh's axes spell: y-major is ("y", "x"), the mesh's own order ("x", "y")
+  assert tuple(jax_compat.spec_of_hlo_sharding(_tiling([0, 4, 1, 5, 2, 6, 3, 7]), mesh)) == (
+      ("y", "x"),)
+  assert tuple(jax_compat.spec_of_hlo_sharding(_tiling(list(range(8))), mesh))[:1] == (
+      ("x", "y"),)
+
+
 def test_an_unknown_layout_is_refused_with_what_was_found():
   eqn = types.SimpleNamespace(primitive=types.SimpleNamespace(name="scan"), invars=[],
                               params={"length": 3, "jaxpr": None, "carry_spec": ()})

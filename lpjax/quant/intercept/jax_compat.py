@@ -277,5 +277,8 @@ def spec_of_hlo_sharding(sharding, mesh):
     return None
   try:
     return sharding_impls.parse_flatten_op_sharding(hlo, mesh)[0]
-  except ValueError:  # jax's IndivisibleError is a ValueError
+  # jax's IndivisibleError is a ValueError; a device order that no mesh axes spell (e.g. the
+  # mesh's devices split by a slice of a larger sharded array) fails an assertion of jax's
+  # `explode_superdims` or a NotImplementedError, depending on the order
+  except (ValueError, AssertionError, NotImplementedError):
     return None
