@@ -83,6 +83,22 @@ def test_short_normal_first_operands_take_the_short_product():
   assert ((got & 0x7FFFFFFF) < (1 << 23)).sum() > 10_000  # subnormal results included
 
 
+def test_the_tail_tables_e4m3_product_equals_the_integer_routine():
+  """`scales_fast._times_e4m3` (the NVFP4 tail's products by an e4m3 value, by
+  `fast_elements.apply_multiplier`): the bits of `fb.mul` for every e4m3 value (both signs, 0,
+  +-480) times finite b >= 0 over the whole range, subnormal b and subnormal products included."""
+  from lpjax.quant.codec import scales_exact as sc
+  from lpjax.quant.codec import scales_fast as fs
+  rng = np.random.default_rng(5)
+  a = np.tile(np.asarray(sc.decode_bits(jnp.arange(256, dtype=jnp.uint32), "e4m3")), 800)
+  b = _random_bits(rng, a.size, 0, 254)
+  b = np.where(rng.random(a.size) < 0.5, b & np.uint32(0x00FFFFFF), b)  # many subnormal-range b
+  got = np.asarray(jax.jit(fs._times_e4m3)(jnp.asarray(a), jnp.asarray(b)))
+  np.testing.assert_array_equal(got, np.asarray(jax.jit(fb.mul)(jnp.asarray(a), jnp.asarray(b))))
+  assert ((got & 0x7FFFFFFF) < (1 << 23)).sum() > 10_000  # subnormal results included
+  assert ((got & 0x7FFFFFFF) >= (1 << 23)).sum() > 10_000  # and normal ones
+
+
 @pytest.mark.parametrize("biased_lo,biased_hi", [(0, 0), (1, 254), (250, 255)])
 def test_reciprocals_match_the_integer_routine_and_numpy(biased_lo, biased_hi):
   """Subnormal inputs (huge reciprocals, Inf), normal ones, and the top binades (subnormal

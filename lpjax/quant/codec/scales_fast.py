@@ -113,6 +113,19 @@ def _float_tail(s_b_val, s_enc_bits, amax_t_bits, use_tensor_scale):
   return fb.to_bits(s_enc_b), _decode_multiplier(s_b_val, amax_t_bits, use_tensor_scale)
 
 
+def _times_e4m3(a_bits, m_bits):
+  """fl32(a * m) for an e4m3 value a (0 or normal, at most 4 significant bits, either sign) and a
+  finite m >= 0 (subnormal included), the bits `exact_float.mul_bits(a, m, a_is_short_normal=True)`
+  gives, subnormal products included: `fast_elements.apply_multiplier` on |a| (module docstring 5
+  there: exact for values of at most 12 significant bits and any finite multiplier), a's sign put
+  back. About a third of `mul_bits`'s operations, in a table built at every operand that has a
+  tensor scale (`_tail_tables`), so its operation count is compile time."""
+  m_c, shift = fast.decode_factors(m_bits)
+  magnitude = fast.apply_multiplier(fb.from_bits(a_bits & U32(fb.ABS_MASK)), m_c, shift,
+                                    power_of_two=False, wide=True)
+  return (a_bits & U32(fb.SIGN_MASK)) | magnitude
+
+
 def _exact_decode_multiplier(s_b, amax_t_bits):
   """`scales_exact.nvfp4_decode_scale` (with a tensor scale) for any amax_t, the same bits:
   h = fl32(s_b * amax_t) then fl32(h * fl32(1/2688)), both by `exact_float` (subnormal results
@@ -121,8 +134,7 @@ def _exact_decode_multiplier(s_b, amax_t_bits):
   s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
   big = amax_t_bits >= U32(sc.BIG_AMAX_T_BITS)
   shift = U32(64 << 23)
-  h = xf.mul_bits(s_b_bits, jnp.where(big, amax_t_bits - shift, amax_t_bits),
-                  a_is_short_normal=True)
+  h = _times_e4m3(s_b_bits, jnp.where(big, amax_t_bits - shift, amax_t_bits))
   g = xf.mul_bits(h, U32(sc.f32_const_bits(1.0 / 2688.0)))
   g_abs = g & U32(fb.ABS_MASK)
   g = jnp.where(big & (g_abs != 0) & (g_abs < U32(fb.INF_BITS)), g + shift, g)
@@ -136,7 +148,7 @@ def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   NVFP4 quantizer (on the 256 entries of `_tail_tables`), so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
-  t = xf.mul_bits(sc.decode_bits(s_b, "e4m3"), recip_s_enc, a_is_short_normal=True)
+  t = _times_e4m3(sc.decode_bits(s_b, "e4m3"), recip_s_enc)
   s_enc_b = jnp.where(t == 0, U32(sc.FLT_MAX_BITS),
                       jnp.minimum(fb.recip_normal(t), U32(sc.FLT_MAX_BITS)))
   return s_enc_b, _exact_decode_multiplier(s_b, amax_t_bits)
