@@ -118,8 +118,8 @@ def _times_e4m3(a_bits, m_bits):
   finite m >= 0 (subnormal included), the bits `exact_float.mul_bits(a, m, a_is_short_normal=True)`
   gives, subnormal products included: `fast_elements.apply_multiplier` on |a| (module docstring 5
   there: exact for values of at most 12 significant bits and any finite multiplier), a's sign put
-  back. About a third of `mul_bits`'s operations, in a table built at every operand that has a
-  tensor scale (`_tail_tables`), so its operation count is compile time."""
+  back. 69 compiled instructions against `mul_bits`'s 109 (on 256 elements), in a table built at
+  every operand that has a tensor scale (`_tail_tables`), so its operation count is compile time."""
   m_c, shift = fast.decode_factors(m_bits)
   magnitude = fast.apply_multiplier(fb.from_bits(a_bits & U32(fb.ABS_MASK)), m_c, shift,
                                     power_of_two=False, wide=True)
@@ -128,9 +128,9 @@ def _times_e4m3(a_bits, m_bits):
 
 def _exact_decode_multiplier(s_b, amax_t_bits):
   """`scales_exact.nvfp4_decode_scale` (with a tensor scale) for any amax_t, the same bits:
-  h = fl32(s_b * amax_t) then fl32(h * fl32(1/2688)), both by `exact_float` (subnormal results
-  included); amax_t >= 2**64 is used as amax_t * 2**-64 and the result scaled back; s_b itself
-  when amax_t == 0."""
+  h = fl32(s_b * amax_t) by `_times_e4m3`, then fl32(h * fl32(1/2688)) by `exact_float`
+  (subnormal results included); amax_t >= 2**64 is used as amax_t * 2**-64 and the result scaled
+  back; s_b itself when amax_t == 0."""
   s_b_bits = sc.decode_bits(s_b, "e4m3")  # exactly the float32 of every e4m3 code
   big = amax_t_bits >= U32(sc.BIG_AMAX_T_BITS)
   shift = U32(64 << 23)
@@ -143,8 +143,9 @@ def _exact_decode_multiplier(s_b, amax_t_bits):
 
 def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   """S_enc_b and the decode multiplier exactly as `scales_exact` computes them, for any amax_t: the
-  products and 1 / S_enc (which can be subnormal here) by `exact_float`, 1 / t by
-  `fp32_bits.recip_normal` as `scales_exact.nvfp4_block_encode_scale` does. Compiled into every
+  products by an e4m3 value by `_times_e4m3`, 1 / S_enc (which can be subnormal here) by
+  `exact_float`, 1 / t by `fp32_bits.recip_normal` as `scales_exact.nvfp4_block_encode_scale`
+  does. Compiled into every
   NVFP4 quantizer (on the 256 entries of `_tail_tables`), so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
