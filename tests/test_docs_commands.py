@@ -79,7 +79,8 @@ def test_the_checker_sees_a_moved_script():
 
 # Cheap to start: argparse answers before JAX loads.
 HELP = [["benchmarks/common/hlo_fingerprint.py"], ["benchmarks/sweeps/ablate.py"],
-        ["benchmarks/speed/speed_report.py"], ["benchmarks/memory/llama_memory.py"],
+        ["benchmarks/speed/speed_report.py"], ["benchmarks/speed/compile_profile.py"],
+        ["benchmarks/memory/llama_memory.py"],
         ["-m", "benchmarks.gpu_check"]]
 
 
