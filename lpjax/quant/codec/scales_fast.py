@@ -145,8 +145,8 @@ def _exact_tail(s_b, s_enc_bits, amax_t_bits, use_tensor_scale):
   """S_enc_b and the decode multiplier exactly as `scales_exact` computes them, for any amax_t: the
   products by an e4m3 value by `_times_e4m3`, 1 / S_enc (which can be subnormal here) by
   `exact_float`, 1 / t by `fp32_bits.recip_normal` as `scales_exact.nvfp4_block_encode_scale`
-  does. Compiled into every
-  NVFP4 quantizer (on the 256 entries of `_tail_tables`), so its operation count is compile time."""
+  does. Compiled into every NVFP4 quantizer with a tensor scale (on the 256 entries of
+  `_tail_tables`), so its operation count is compile time."""
   del use_tensor_scale  # only called with a tensor scale
   (recip_s_enc,) = materialize((xf.recip_bits(s_enc_bits),), opaque_zero(amax_t_bits))
   t = _times_e4m3(sc.decode_bits(s_b, "e4m3"), recip_s_enc)
